@@ -1,0 +1,79 @@
+"""Small shared helpers: pydantic base, YAML loading with one-line errors, atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from spectune.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base of every configuration model: unknown keys are errors, values are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+
+def describe_validation_error(err: ValidationError, source: str | None = None) -> str:
+    """One line naming the first offending key (dotted path) and why; ``source`` prefixes it."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown key"
+    msg = msg.removeprefix("Value error, ")
+    where = f"{source}: " if source else ""
+    more = f" (and {len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{where}{loc + ': ' if loc else ''}{msg}{more}"
+
+
+def validate(model: type[M], data: Any, source: str | None = None) -> M:
+    """Validate ``data`` into ``model``; a failure becomes a one-line :class:`ConfigError`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(describe_validation_error(e, source)) from e
+
+
+def load_yaml_file(path: Path) -> Any:
+    """Parse a YAML file; a missing file or a syntax error becomes a one-line ConfigError."""
+    import yaml
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}:{where} invalid YAML: {problem}") from e
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename.
+
+    Either the whole new content is there afterwards, or the earlier file is left intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

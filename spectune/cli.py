@@ -1,0 +1,179 @@
+"""The ``spectune`` command: thin, each command builds one config object and makes one call.
+
+Errors: bad input -> one line on stderr, exit 2; an engine failure -> its reason, exit 1.
+Tracebacks only with ``--debug``. Heavy modules are imported inside the commands, so
+``spectune --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+app = typer.Typer(
+    name="spectune",
+    help="Find the speculative-decoding configuration that serves your model fastest on vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+models_app = typer.Typer(help="Build or prepare checkpoints.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+_state: dict[str, Any] = {"debug": False}
+
+
+def _err_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details.")] = False,
+) -> None:
+    _state["debug"] = debug
+    level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def _parse_engine_arg(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    from spectune.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--engine-arg {item!r}: expected KEY=VALUE, e.g. enable-prefix-caching=true")
+        out[key] = yaml.safe_load(value) if value else True
+    return out
+
+
+@app.command()
+def measure(
+    model: Annotated[str, typer.Option(help="Target model: local path or hub name.")],
+    prompts: Annotated[Path, typer.Option(help="Prompt file (JSONL with prompt or messages).")],
+    spec: Annotated[str, typer.Option(help="Speculative config as vLLM's JSON, or 'none'.")] = "none",
+    num_prompts: Annotated[Optional[int], typer.Option(min=1, help="Prompts to send (default: all).")] = None,
+    max_tokens: Annotated[int, typer.Option(min=1)] = 128,
+    concurrency: Annotated[int, typer.Option(min=1)] = 1,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
+    api: Annotated[str, typer.Option(help="completions or chat")] = "completions",
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up requests, excluded from the window.")] = 1,
+    dtype: Annotated[Optional[str], typer.Option()] = None,
+    max_model_len: Annotated[Optional[int], typer.Option()] = None,
+    kv_cache_memory_bytes: Annotated[Optional[int], typer.Option()] = None,
+    enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager")] = None,
+    tensor_parallel_size: Annotated[Optional[int], typer.Option()] = None,
+    engine_arg: Annotated[list[str], typer.Option(help="Further vllm serve option KEY=VALUE (repeatable).")] = [],  # noqa: B006
+    host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
+    log_dir: Annotated[Path, typer.Option(help="Where engine logs are kept.")] = Path("storage/logs"),
+    startup_timeout: Annotated[float, typer.Option(min=1.0)] = 600.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the Measurement as JSON.")] = False,
+) -> None:
+    """Measure one speculative configuration on a real vLLM engine."""
+    from spectune._util import validate
+    from spectune.config import EngineArgs, parse_spec
+    from spectune.trial import measure as run_measure
+    from spectune.workloads import WorkloadSpec, load_prompts
+
+    candidate = parse_spec(spec)
+    engine = validate(EngineArgs, {
+        "model": model, "dtype": dtype, "max_model_len": max_model_len,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes, "enforce_eager": enforce_eager,
+        "tensor_parallel_size": tensor_parallel_size, "host": host,
+        "extra_args": _parse_engine_arg(engine_arg),
+    }, "engine")
+    workload = validate(WorkloadSpec, {
+        "source": str(prompts), "num_prompts": num_prompts, "api": api, "concurrency": concurrency,
+        "warmup_requests": warmup, "sampling": {"max_tokens": max_tokens, "temperature": temperature},
+    }, "workload")
+    selected = load_prompts(workload)
+    from spectune._progress import trial_progress
+
+    with trial_progress(_err_console(), candidate.label(), enabled=not _state["debug"]) as hook:
+        m = run_measure(engine, candidate, workload, selected, log_dir=log_dir,
+                        startup_timeout=startup_timeout, progress=hook)
+    if as_json:
+        sys.stdout.write(m.model_dump_json(indent=2) + "\n")
+    else:
+        from spectune._progress import render_measurement
+
+        render_measurement(m)
+
+
+@models_app.command("build-tiny")
+def build_tiny(
+    directory: Annotated[Path, typer.Argument(help="Folder for target/ and draft/.")],
+    seed: Annotated[int, typer.Option()] = 0,
+    force: Annotated[bool, typer.Option(help="Rebuild even if present.")] = False,
+) -> None:
+    """Build tiny Llama target and draft checkpoints sharing one tokenizer (offline, seconds)."""
+    from spectune.checkpoints import build_tiny as build
+
+    built = build(directory, seed=seed, force=force)
+    typer.echo(f"target: {built.target}\ndraft: {built.draft}")
+
+
+@models_app.command("prepare")
+def prepare(
+    name: Annotated[str, typer.Argument(help="Model to prepare: smollm2.")] = "smollm2",
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None,
+    force: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Convert a shipped model into a checkpoint vLLM serves (offline, once)."""
+    from spectune.checkpoints import prepare_smollm2
+    from spectune.errors import ConfigError
+
+    if name != "smollm2":
+        raise ConfigError(f"unknown model {name!r}; known: smollm2")
+    typer.echo(str(prepare_smollm2(cache_dir, force=force)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: runs the app and turns spectune's errors into one line + exit code."""
+    from click.exceptions import Abort
+
+    from spectune.errors import EngineError, SpectuneError
+
+    try:
+        app(args=argv, standalone_mode=False)
+    except SpectuneError as e:
+        if _state["debug"]:
+            raise
+        from rich.markup import escape
+
+        console = _err_console()
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        if isinstance(e, EngineError) and e.log_path:
+            console.print(f"engine log: {e.log_path}", soft_wrap=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        _err_console().print("interrupted")
+        sys.exit(130)
+    except Abort:
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # click usage errors come here in non-standalone mode
+        from click.exceptions import ClickException
+
+        if isinstance(e, ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

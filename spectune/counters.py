@@ -1,0 +1,109 @@
+"""vLLM's speculative-decoding counters, read from Prometheus text, as acceptance figures.
+
+Counters are cumulative over the server's life: read them before and after the measured
+window and take the difference (:meth:`SpecCounters.__sub__`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from spectune.errors import EngineError
+
+__all__ = ["Acceptance", "SpecCounters", "fetch_counters", "parse_counters"]
+
+_DRAFTS = "vllm:spec_decode_num_drafts"
+_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+_GENERATED = "vllm:generation_tokens"
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Raw counter values (summed over engines): drafts, draft and accepted tokens, per position."""
+
+    num_drafts: float = 0.0
+    num_draft_tokens: float = 0.0
+    num_accepted_tokens: float = 0.0
+    accepted_per_pos: tuple[float, ...] = ()
+    generation_tokens: float = 0.0
+
+    def __sub__(self, before: SpecCounters) -> SpecCounters:
+        n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
+        a = list(self.accepted_per_pos) + [0.0] * (n - len(self.accepted_per_pos))
+        b = list(before.accepted_per_pos) + [0.0] * (n - len(before.accepted_per_pos))
+        return SpecCounters(
+            num_drafts=self.num_drafts - before.num_drafts,
+            num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens - before.num_accepted_tokens,
+            accepted_per_pos=tuple(x - y for x, y in zip(a, b, strict=True)),
+            generation_tokens=self.generation_tokens - before.generation_tokens,
+        )
+
+    def acceptance(self) -> Acceptance | None:
+        """Acceptance figures, or None when nothing was drafted in the window."""
+        if self.num_drafts <= 0 or self.num_draft_tokens <= 0:
+            return None
+        return Acceptance(
+            num_drafts=int(self.num_drafts),
+            num_draft_tokens=int(self.num_draft_tokens),
+            num_accepted_tokens=int(self.num_accepted_tokens),
+            acceptance_rate=self.num_accepted_tokens / self.num_draft_tokens,
+            mean_acceptance_length=1.0 + self.num_accepted_tokens / self.num_drafts,
+            per_position=[x / self.num_drafts for x in self.accepted_per_pos],
+        )
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Acceptance over a window.
+
+    ``per_position[i]`` is the share of drafts whose first ``i + 1`` tokens were all accepted
+    (vLLM counts a position only when every earlier one was accepted), so it never increases.
+    """
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position: list[float] = field(default_factory=list)
+
+
+def parse_counters(text: str) -> SpecCounters:
+    """Sum vLLM's speculative counters out of Prometheus exposition text."""
+    totals = {_DRAFTS: 0.0, _DRAFT_TOKENS: 0.0, _ACCEPTED: 0.0, _GENERATED: 0.0}
+    per_pos: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in totals and family.name != _PER_POS:
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue  # skip _created samples
+            if family.name == _PER_POS:
+                pos = int(sample.labels.get("position", 0))
+                per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
+            else:
+                totals[family.name] += sample.value
+    positions = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
+    return SpecCounters(
+        num_drafts=totals[_DRAFTS],
+        num_draft_tokens=totals[_DRAFT_TOKENS],
+        num_accepted_tokens=totals[_ACCEPTED],
+        accepted_per_pos=positions,
+        generation_tokens=totals[_GENERATED],
+    )
+
+
+def fetch_counters(base_url: str, timeout: float = 10.0) -> SpecCounters:
+    """GET ``/metrics`` and parse it. Raises EngineError when the server does not answer."""
+    try:
+        resp = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout)
+        resp.raise_for_status()
+    except httpx.HTTPError as e:
+        raise EngineError(f"cannot read {base_url}/metrics: {e}") from e
+    return parse_counters(resp.text)

@@ -1,0 +1,23 @@
+"""Inference engines: the only code that starts or talks to an engine process."""
+
+from spectune.engines._base import EngineServer
+from spectune.engines._platform import Platform, detect_platform, vllm_version
+from spectune.engines._vllm import (
+    VLLMServer,
+    build_command,
+    free_port,
+    resolve_engine_args,
+    summarize_failure,
+)
+
+__all__ = [
+    "EngineServer",
+    "Platform",
+    "VLLMServer",
+    "build_command",
+    "detect_platform",
+    "free_port",
+    "resolve_engine_args",
+    "summarize_failure",
+    "vllm_version",
+]

@@ -1,0 +1,285 @@
+"""vLLM's OpenAI-compatible server as a managed process."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from spectune.config import EngineArgs, SpecConfig
+from spectune.engines._base import EngineServer
+from spectune.engines._platform import Platform, detect_platform
+from spectune.errors import EngineStartError, EngineTimeoutError
+
+_logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception|Exit)): (.+)$")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_engine_args(args: EngineArgs, platform: Platform | None = None) -> EngineArgs:
+    """``args`` with the platform's defaults filled in where the user set nothing."""
+    platform = platform or detect_platform()
+    fill = {k: v for k, v in platform.engine_defaults.items() if getattr(args, k) is None}
+    env = {**platform.env, **args.env}
+    return args.model_copy(update={**fill, "env": env})
+
+
+def _cli_flags(options: dict[str, Any]) -> list[str]:
+    """``{"enforce-eager": True, "dtype": "float32"}`` -> ``["--enforce-eager", "--dtype", "float32"]``."""
+    out: list[str] = []
+    for name, value in options.items():
+        flag = f"--{name}"
+        if value is True:
+            out.append(flag)
+        elif value is False:
+            out.append(f"--no-{name}")
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value)]
+        elif isinstance(value, list | tuple):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def build_command(
+    args: EngineArgs, spec: SpecConfig, port: int, platform: Platform | None = None
+) -> list[str]:
+    """The full command line that serves ``args.model`` with ``spec`` on ``port``."""
+    platform = platform or detect_platform()
+    cmd = [*platform.serve_command, args.model]
+    cmd += _cli_flags(args.to_vllm_options())
+    if (spec_json := spec.to_vllm()) is not None:
+        cmd += ["--speculative-config", json.dumps(spec_json)]
+    cmd += ["--host", args.host, "--port", str(port)]
+    return cmd
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask the kernel to SIGTERM the engine when spectune dies (Linux), so no engine is orphaned."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def summarize_failure(log_lines: list[str]) -> str:
+    """One line out of an engine log: the last ``SomethingError: message``, else the last line."""
+    for line in reversed(log_lines):
+        if m := _ERROR_LINE.search(line.strip()):
+            return f"{m.group(1)}: {m.group(2)}"[:400]
+    for line in reversed(log_lines):
+        if line.strip():
+            return line.strip()[:400]
+    return "the engine exited without a message"
+
+
+class VLLMServer(EngineServer):
+    """``vllm serve`` (or its module entry point) for one target model and one candidate.
+
+    The server runs in its own process session, bound to ``args.host`` (loopback by default)
+    on a free port, with its own temporary folder; its output goes to ``log_path``. It is
+    stopped by signalling its whole process group, SIGTERM then SIGKILL, and the kernel sends
+    it SIGTERM if the process that started it dies (Linux ``PR_SET_PDEATHSIG``; the starting
+    thread must outlive the server, which holds when it is started from the main thread).
+    """
+
+    def __init__(
+        self,
+        args: EngineArgs,
+        spec: SpecConfig,
+        *,
+        log_path: Path,
+        startup_timeout: float = 600.0,
+        stop_timeout: float = 15.0,
+        port: int | None = None,
+        platform: Platform | None = None,
+    ) -> None:
+        self.platform = platform or detect_platform()
+        self.args = resolve_engine_args(args, self.platform)
+        self.spec = spec
+        self.log_path = Path(log_path)
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.port = port if port is not None else free_port(self.args.host)
+        self.command = build_command(self.args, spec, self.port, self.platform)
+        self.startup_seconds: float | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmpdir: str | None = None
+        self._peak_rss = 0
+        self._sampler: threading.Thread | None = None
+        self._sampling = threading.Event()
+
+    # -- contract -------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        host = self.args.host if self.args.host not in {"0.0.0.0", "::"} else "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def served_model_name(self) -> str:
+        return self.args.served_model_name or self.args.model
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with self.log_path.open("r", encoding="utf-8", errors="replace") as f:
+                return "".join(deque(f, maxlen=lines))
+        except OSError:
+            return ""
+
+    def failure_reason(self) -> str:
+        reason = summarize_failure(self.log_tail(200).splitlines())
+        if self._proc is not None and (rc := self._proc.poll()) is not None and rc < 0:
+            with contextlib.suppress(ValueError):
+                reason = f"killed by {signal.Signals(-rc).name}; last log line: {reason}"
+        return reason
+
+    def peak_memory_bytes(self) -> int | None:
+        return self._peak_rss or None
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise RuntimeError("this server was already started")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmpdir = tempfile.mkdtemp(prefix="spectune-engine-")
+        env = {**os.environ, **self.args.env, "TMPDIR": self._tmpdir, "PYTHONUNBUFFERED": "1"}
+        _logger.info("starting engine: %s", " ".join(self.command))
+        t0 = time.monotonic()
+        with self.log_path.open("ab") as log:
+            log.write(f"# spectune: {json.dumps(self.command)}\n".encode())
+            log.flush()
+            self._proc = subprocess.Popen(  # noqa: S603 - a command we built, no shell
+                self.command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe enough
+            )
+        self._start_sampler()
+        self._wait_healthy(t0)
+        self.startup_seconds = time.monotonic() - t0
+        _logger.info("engine healthy on %s after %.1f s", self.base_url, self.startup_seconds)
+
+    def stop(self) -> None:
+        proc = self._proc
+        self._sampling.set()
+        if proc is not None:
+            self._stop_group(proc)
+        if self._sampler is not None:
+            self._sampler.join(timeout=5)
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    # -- internals ------------------------------------------------------------------------
+    def _wait_healthy(self, t0: float) -> None:
+        assert self._proc is not None
+        deadline = t0 + self.startup_timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if self._proc.poll() is not None:
+                    raise EngineStartError(
+                        f"engine exited with code {self._proc.returncode} before it was healthy: "
+                        f"{self.failure_reason()}",
+                        log_tail=self.log_tail(),
+                        log_path=str(self.log_path),
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise EngineTimeoutError(
+                        f"engine not healthy after {self.startup_timeout:.0f} s; "
+                        f"last log line: {summarize_failure(self.log_tail(5).splitlines())}",
+                        log_tail=self.log_tail(),
+                        log_path=str(self.log_path),
+                    )
+                time.sleep(0.5)
+
+    def _start_sampler(self) -> None:
+        import psutil
+
+        assert self._proc is not None
+        root_pid = self._proc.pid
+
+        def sample() -> None:
+            try:
+                root = psutil.Process(root_pid)
+            except psutil.Error:
+                return
+            while not self._sampling.is_set():
+                total = 0
+                with contextlib.suppress(psutil.Error):
+                    for p in [root, *root.children(recursive=True)]:
+                        with contextlib.suppress(psutil.Error):
+                            total += p.memory_info().rss
+                self._peak_rss = max(self._peak_rss, total)
+                self._sampling.wait(0.5)
+
+        self._sampler = threading.Thread(target=sample, name="spectune-rss", daemon=True)
+        self._sampler.start()
+
+    def _stop_group(self, proc: subprocess.Popen[bytes]) -> None:
+        import psutil
+
+        pgid = proc.pid  # start_new_session: the server leads its own group
+        descendants: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+        for sig, grace in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            for p in descendants:  # any that left the group
+                with contextlib.suppress(psutil.Error):
+                    if p.is_running() and os.getpgid(p.pid) != pgid:
+                        p.send_signal(sig)
+            if _wait_group_gone(proc, pgid, grace):
+                break
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        psutil.wait_procs(descendants, timeout=5)
+
+
+def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the leader so it does not linger as a zombie in the group
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,209 @@
+"""Async streaming load generator for OpenAI-compatible servers (engine-neutral).
+
+Each request is streamed; the client takes timestamps itself (time to first token, the gap
+between chunks, end-to-end latency) and reads token counts from the ``usage`` the server
+sends at the end of the stream, never from counting chunks. vLLM's ``return_token_ids``
+extension is requested too, so the generated token ids are recorded (offline replay of
+model-free proposers uses them); servers that ignore it are measured all the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from spectune.workloads import Prompt, WorkloadSpec
+
+__all__ = ["LoadResult", "RequestRecord", "run_load"]
+
+_logger = logging.getLogger(__name__)
+
+ProgressHook = Callable[[int, int], None]
+"""Called with (requests done, requests in all) after each request."""
+
+
+@dataclass
+class RequestRecord:
+    """What the client saw of one request. Times are seconds, taken with ``time.perf_counter``."""
+
+    prompt_id: str
+    ok: bool = False
+    error: str | None = None
+    start: float = 0.0
+    ttft: float | None = None
+    itl: list[float] = field(default_factory=list)
+    e2el: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    text: str = ""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+    finish_reason: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first, as vLLM's benchmark defines it."""
+        if self.ttft is None or self.e2el is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.e2el - self.ttft) / (self.output_tokens - 1)
+
+
+@dataclass
+class LoadResult:
+    """All requests of one measured window, with the window's wall-clock duration."""
+
+    records: list[RequestRecord]
+    duration: float
+    concurrency: int
+
+    @property
+    def succeeded(self) -> list[RequestRecord]:
+        return [r for r in self.records if r.ok]
+
+    @property
+    def failed(self) -> list[RequestRecord]:
+        return [r for r in self.records if not r.ok]
+
+
+def _request_body(prompt: Prompt, model: str, workload: WorkloadSpec) -> tuple[str, dict[str, Any]]:
+    s = workload.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.ignore_eos:
+        body["ignore_eos"] = True
+    if workload.api == "chat":
+        messages = [m.model_dump() for m in prompt.messages] if prompt.messages else [
+            {"role": "user", "content": prompt.as_text()}
+        ]
+        return "/v1/chat/completions", {**body, "messages": messages}
+    return "/v1/completions", {**body, "prompt": prompt.as_text()}
+
+
+def _chunk_text(choice: dict[str, Any]) -> str:
+    if "delta" in choice:
+        return (choice.get("delta") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+async def _one_request(
+    session: aiohttp.ClientSession, base_url: str, model: str, prompt: Prompt, workload: WorkloadSpec
+) -> RequestRecord:
+    path, body = _request_body(prompt, model, workload)
+    rec = RequestRecord(prompt_id=prompt.id)
+    rec.start = t0 = time.perf_counter()
+    last = t0
+    texts: list[str] = []
+    token_ids: list[int] = []
+    got_ids = False
+    try:
+        async with session.post(base_url + path, json=body) as resp:
+            if resp.status != 200:
+                detail = (await resp.text())[:300].replace("\n", " ")
+                rec.error = f"HTTP {resp.status}: {detail}"
+                return rec
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if usage := chunk.get("usage"):
+                    rec.prompt_tokens = usage.get("prompt_tokens")
+                    rec.output_tokens = usage.get("completion_tokens")
+                for choice in chunk.get("choices") or []:
+                    piece = _chunk_text(choice)
+                    ids = choice.get("token_ids")
+                    if choice.get("prompt_token_ids") is not None:
+                        rec.prompt_token_ids = list(choice["prompt_token_ids"])
+                    if ids:
+                        got_ids = True
+                        token_ids.extend(ids)
+                    if piece or ids:
+                        now = time.perf_counter()
+                        if rec.ttft is None:
+                            rec.ttft = now - t0
+                        else:
+                            rec.itl.append(now - last)
+                        last = now
+                        texts.append(piece)
+                    if choice.get("finish_reason"):
+                        rec.finish_reason = choice["finish_reason"]
+        rec.e2el = time.perf_counter() - t0
+        rec.text = "".join(texts)
+        rec.token_ids = token_ids if got_ids else None
+        if rec.output_tokens is None:
+            rec.error = "the server sent no usage"
+        else:
+            rec.ok = True
+    except asyncio.TimeoutError:
+        rec.error = f"request timed out after {workload.request_timeout:.0f} s"
+    except (aiohttp.ClientError, json.JSONDecodeError, OSError) as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    return rec
+
+
+async def _run(
+    base_url: str, model: str, prompts: Sequence[Prompt], workload: WorkloadSpec,
+    concurrency: int, progress: ProgressHook | None,
+) -> LoadResult:
+    timeout = aiohttp.ClientTimeout(total=workload.request_timeout, sock_connect=10)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    sem = asyncio.Semaphore(concurrency)
+    done = 0
+
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+        async def bounded(p: Prompt) -> RequestRecord:
+            nonlocal done
+            async with sem:
+                rec = await _one_request(session, base_url, model, p, workload)
+            done += 1
+            if progress is not None:
+                progress(done, len(prompts))
+            return rec
+
+        t0 = time.perf_counter()
+        records = await asyncio.gather(*(bounded(p) for p in prompts))
+        duration = time.perf_counter() - t0
+    for rec in records:
+        rec.start -= t0
+    return LoadResult(records=list(records), duration=duration, concurrency=concurrency)
+
+
+def run_load(
+    base_url: str,
+    model: str,
+    prompts: Sequence[Prompt],
+    workload: WorkloadSpec,
+    *,
+    concurrency: int | None = None,
+    progress: ProgressHook | None = None,
+    timeout: float | None = None,
+) -> LoadResult:
+    """Send ``prompts`` with at most ``concurrency`` in flight; return what the client saw.
+
+    A request that fails is recorded with its error, never raised: the caller decides
+    whether the window is usable. ``timeout`` bounds the whole window and raises
+    ``TimeoutError`` (each request is bounded by ``workload.request_timeout`` as well).
+    """
+    c = concurrency or workload.concurrency
+    run = _run(base_url.rstrip("/"), model, prompts, workload, c, progress)
+    return asyncio.run(asyncio.wait_for(run, timeout) if timeout else run)

@@ -1,0 +1,88 @@
+"""What produced a result: versions and hardware, read without importing heavy packages."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+
+from pydantic import BaseModel
+
+from spectune.engines import detect_platform, vllm_version
+
+__all__ = ["Hardware", "Versions", "hardware", "versions"]
+
+
+class Versions(BaseModel):
+    spectune: str
+    vllm: str | None
+    torch: str | None
+    python: str
+
+
+class Hardware(BaseModel):
+    platform: str
+    cpu: str
+    cpu_count: int
+    memory_bytes: int | None
+    gpus: list[str]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.cache
+def versions() -> Versions:
+    return Versions(
+        spectune=_version("spectune") or "unknown",
+        vllm=vllm_version(),
+        torch=_version("torch"),
+        python=platform.python_version(),
+    )
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpus() -> list[str]:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+@functools.cache
+def hardware() -> Hardware:
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        mem = None
+    return Hardware(
+        platform=detect_platform().name,
+        cpu=_cpu_model(),
+        cpu_count=os.cpu_count() or 1,
+        memory_bytes=mem,
+        gpus=_gpus(),
+    )

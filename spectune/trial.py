@@ -1,0 +1,229 @@
+"""One trial: one candidate on one workload, on a real engine, measured.
+
+engine start -> warm-up (excluded) -> counters -> measured window -> counters -> stop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from spectune.config import EngineArgs, SpecConfig
+from spectune.counters import fetch_counters
+from spectune.engines import VLLMServer
+from spectune.errors import EngineCrashedError, EngineError, EngineTimeoutError
+from spectune.load import LoadResult, RequestRecord, run_load
+from spectune.provenance import Hardware, Versions, hardware, versions
+from spectune.workloads import Prompt, WorkloadSpec
+
+__all__ = ["AcceptanceStats", "LatencyStats", "Measurement", "RequestSample", "measure"]
+
+_logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+TrialHook = Callable[[str, int, int], None]
+"""Progress: called with (phase, done, total); phases are "start", "warmup", "measure"."""
+
+
+class LatencyStats(BaseModel):
+    """Distribution of one latency over the window's successful requests, in milliseconds."""
+
+    count: int
+    mean: float | None
+    median: float | None
+    p90: float | None
+    p99: float | None
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> LatencyStats:
+        if not seconds:
+            return cls(count=0, mean=None, median=None, p90=None, p99=None)
+        ms = sorted(x * 1000.0 for x in seconds)
+
+        def q(p: float) -> float:
+            if len(ms) == 1:
+                return ms[0]
+            return statistics.quantiles(ms, n=100, method="inclusive")[int(p) - 1]
+
+        return cls(count=len(ms), mean=statistics.fmean(ms), median=statistics.median(ms), p90=q(90), p99=q(99))
+
+
+class AcceptanceStats(BaseModel):
+    """Speculative acceptance over the measured window, from the engine's own counters."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position: list[float] = Field(description="P(first i+1 drafted tokens all accepted), i = 0..k-1")
+
+
+class RequestSample(BaseModel):
+    """One request of the window, as the client saw it."""
+
+    prompt_id: str
+    ok: bool
+    error: str | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    text: str = ""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+    @classmethod
+    def of(cls, r: RequestRecord) -> RequestSample:
+        def ms(x: float | None) -> float | None:
+            return None if x is None else x * 1000.0
+
+        return cls(
+            prompt_id=r.prompt_id, ok=r.ok, error=r.error, ttft_ms=ms(r.ttft), tpot_ms=ms(r.tpot),
+            e2el_ms=ms(r.e2el), prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
+            text=r.text, token_ids=r.token_ids, prompt_token_ids=r.prompt_token_ids,
+        )
+
+
+class Measurement(BaseModel):
+    """Everything one trial measured, and what produced it. Serialisable to JSON."""
+
+    schema_version: int = SCHEMA_VERSION
+    spec: SpecConfig
+    engine: EngineArgs = Field(description="Engine arguments as resolved for this platform.")
+    workload: WorkloadSpec
+    concurrency: int
+    command: list[str]
+    log_path: str | None
+    started_at: dt.datetime
+    startup_seconds: float
+    duration_seconds: float
+    num_requests: int
+    num_failed: int
+    input_tokens: int
+    output_tokens: int
+    output_throughput: float = Field(description="Output tokens per second over the window.")
+    request_throughput: float
+    total_token_throughput: float
+    ttft_ms: LatencyStats
+    tpot_ms: LatencyStats
+    itl_ms: LatencyStats
+    e2el_ms: LatencyStats
+    acceptance: AcceptanceStats | None
+    peak_memory_bytes: int | None
+    versions: Versions
+    hardware: Hardware
+    requests: list[RequestSample]
+
+
+def _log_name(spec: SpecConfig) -> str:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return f"{stamp}-{re.sub(r'[^A-Za-z0-9_.=-]+', '_', spec.label())}.log"
+
+
+def summarize(
+    result: LoadResult, *, spec: SpecConfig, engine: EngineArgs, workload: WorkloadSpec,
+    acceptance: AcceptanceStats | None, command: list[str], log_path: str | None,
+    started_at: dt.datetime, startup_seconds: float, peak_memory_bytes: int | None,
+) -> Measurement:
+    """Turn a window's request records and counters into a Measurement."""
+    ok = result.succeeded
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    d = result.duration
+    return Measurement(
+        spec=spec, engine=engine, workload=workload, concurrency=result.concurrency,
+        command=command, log_path=log_path, started_at=started_at, startup_seconds=startup_seconds,
+        duration_seconds=d, num_requests=len(result.records), num_failed=len(result.failed),
+        input_tokens=in_tokens, output_tokens=out_tokens,
+        output_throughput=out_tokens / d if d > 0 else 0.0,
+        request_throughput=len(ok) / d if d > 0 else 0.0,
+        total_token_throughput=(in_tokens + out_tokens) / d if d > 0 else 0.0,
+        ttft_ms=LatencyStats.of([r.ttft for r in ok if r.ttft is not None]),
+        tpot_ms=LatencyStats.of([t for r in ok if (t := r.tpot) is not None]),
+        itl_ms=LatencyStats.of([x for r in ok for x in r.itl]),
+        e2el_ms=LatencyStats.of([r.e2el for r in ok if r.e2el is not None]),
+        acceptance=acceptance, peak_memory_bytes=peak_memory_bytes,
+        versions=versions(), hardware=hardware(),
+        requests=[RequestSample.of(r) for r in result.records],
+    )
+
+
+def measure(
+    engine: EngineArgs,
+    spec: SpecConfig,
+    workload: WorkloadSpec,
+    prompts: Sequence[Prompt],
+    *,
+    log_dir: Path,
+    startup_timeout: float = 600.0,
+    window_timeout: float | None = None,
+    progress: TrialHook | None = None,
+) -> Measurement:
+    """Start an engine with ``spec``, measure ``prompts`` through it, stop it.
+
+    Raises:
+        EngineStartError / EngineTimeoutError: the engine did not come up (it has been stopped).
+        EngineCrashedError: the engine died during the run.
+        EngineError: every request failed although the engine lives, or counters unreadable.
+    The engine's process group is gone when this returns or raises, KeyboardInterrupt included.
+    """
+    hook = progress or (lambda phase, done, total: None)
+    log_path = Path(log_dir) / _log_name(spec)
+    started_at = dt.datetime.now(dt.timezone.utc)
+    server = VLLMServer(engine, spec, log_path=log_path, startup_timeout=startup_timeout)
+    hook("start", 0, 1)
+    with server:
+        model = server.served_model_name
+        try:
+            if workload.warmup_requests:
+                warm = list(prompts[: workload.warmup_requests])
+                hook("warmup", 0, len(warm))
+                run_load(server.base_url, model, warm, workload, concurrency=1,
+                         timeout=window_timeout)
+            before = fetch_counters(server.base_url)
+            hook("measure", 0, len(prompts))
+            result = run_load(
+                server.base_url, model, prompts, workload,
+                progress=lambda d, t: hook("measure", d, t), timeout=window_timeout,
+            )
+            after = fetch_counters(server.base_url)
+        except TimeoutError as e:
+            raise EngineTimeoutError(
+                f"measured window exceeded {window_timeout:.0f} s", log_tail=server.log_tail(),
+                log_path=str(log_path),
+            ) from e
+        except EngineError as e:
+            if not server.is_running():
+                raise _crashed(server) from e
+            raise
+        if not server.is_running():
+            raise _crashed(server)
+        if not result.succeeded:
+            raise EngineError(
+                f"all {len(result.records)} requests failed; first: {result.records[0].error}",
+                log_tail=server.log_tail(), log_path=str(log_path),
+            )
+        acc = (after - before).acceptance()
+        return summarize(
+            result, spec=spec, engine=server.args, workload=workload,
+            acceptance=AcceptanceStats(**vars(acc)) if acc else None,
+            command=server.command, log_path=str(log_path), started_at=started_at,
+            startup_seconds=server.startup_seconds or 0.0,
+            peak_memory_bytes=server.peak_memory_bytes(),
+        )
+
+
+def _crashed(server: VLLMServer) -> EngineCrashedError:
+    return EngineCrashedError(
+        f"engine died during the run: {server.failure_reason()}",
+        log_tail=server.log_tail(), log_path=str(server.log_path),
+    )
