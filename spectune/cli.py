@@ -142,13 +142,15 @@ def prepare(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: runs the app and turns spectune's errors into one line + exit code."""
-    from click.exceptions import Abort
+    """Console entry point: spectune's errors become one line and an exit code.
 
+    Usage errors are typer's (exit 2); ConfigError and StorageError exit 2, EngineError 1;
+    Ctrl-C exits 130 once every engine has been stopped.
+    """
     from spectune.errors import EngineError, SpectuneError
 
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, standalone_mode=True)
     except SpectuneError as e:
         if _state["debug"]:
             raise
@@ -157,22 +159,11 @@ def main(argv: list[str] | None = None) -> None:
         console = _err_console()
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         if isinstance(e, EngineError) and e.log_path:
-            console.print(f"engine log: {e.log_path}", soft_wrap=True)
+            console.print(f"engine log: {escape(e.log_path)}", soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         _err_console().print("interrupted")
         sys.exit(130)
-    except Abort:
-        sys.exit(130)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors come here in non-standalone mode
-        from click.exceptions import ClickException
-
-        if isinstance(e, ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
 
 
 if __name__ == "__main__":

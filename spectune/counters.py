@@ -79,16 +79,17 @@ def parse_counters(text: str) -> SpecCounters:
     totals = {_DRAFTS: 0.0, _DRAFT_TOKENS: 0.0, _ACCEPTED: 0.0, _GENERATED: 0.0}
     per_pos: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name not in totals and family.name != _PER_POS:
-            continue
         for sample in family.samples:
-            if not sample.name.endswith("_total"):
-                continue  # skip _created samples
-            if family.name == _PER_POS:
+            # match on sample names: counters end in _total (their _created twins are skipped),
+            # whether or not the parser attached them to a typed family
+            base = sample.name.removesuffix("_total")
+            if base == sample.name:
+                continue
+            if base == _PER_POS:
                 pos = int(sample.labels.get("position", 0))
                 per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
-            else:
-                totals[family.name] += sample.value
+            elif base in totals:
+                totals[base] += sample.value
     positions = tuple(per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)) if per_pos else ()
     return SpecCounters(
         num_drafts=totals[_DRAFTS],

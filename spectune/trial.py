@@ -66,6 +66,33 @@ class AcceptanceStats(BaseModel):
     per_position: list[float] = Field(description="P(first i+1 drafted tokens all accepted), i = 0..k-1")
 
 
+class WindowStats(BaseModel):
+    """Headline figures of one measured window (a trial repeats its window ``repeats`` times)."""
+
+    duration_seconds: float
+    output_throughput: float
+    tpot_median_ms: float | None
+    tpot_p99_ms: float | None
+    ttft_median_ms: float | None
+    ttft_p99_ms: float | None
+    e2el_median_ms: float | None
+    e2el_p99_ms: float | None
+
+    @classmethod
+    def of(cls, result: LoadResult) -> WindowStats:
+        ok = result.succeeded
+        d = result.duration
+        tpot = LatencyStats.of([t for r in ok if (t := r.tpot) is not None])
+        ttft = LatencyStats.of([r.ttft for r in ok if r.ttft is not None])
+        e2el = LatencyStats.of([r.e2el for r in ok if r.e2el is not None])
+        return cls(
+            duration_seconds=d,
+            output_throughput=sum(r.output_tokens or 0 for r in ok) / d if d > 0 else 0.0,
+            tpot_median_ms=tpot.median, tpot_p99_ms=tpot.p99, ttft_median_ms=ttft.median,
+            ttft_p99_ms=ttft.p99, e2el_median_ms=e2el.median, e2el_p99_ms=e2el.p99,
+        )
+
+
 class RequestSample(BaseModel):
     """One request of the window, as the client saw it."""
 
@@ -121,7 +148,8 @@ class Measurement(BaseModel):
     peak_memory_bytes: int | None
     versions: Versions
     hardware: Hardware
-    requests: list[RequestSample]
+    windows: list[WindowStats] = Field(description="One entry per repeat of the window.")
+    requests: list[RequestSample] = Field(description="Requests of every window, in order.")
 
 
 def _log_name(spec: SpecConfig) -> str:
@@ -130,21 +158,26 @@ def _log_name(spec: SpecConfig) -> str:
 
 
 def summarize(
-    result: LoadResult, *, spec: SpecConfig, engine: EngineArgs, workload: WorkloadSpec,
+    results: Sequence[LoadResult], *, spec: SpecConfig, engine: EngineArgs, workload: WorkloadSpec,
     acceptance: AcceptanceStats | None, command: list[str], log_path: str | None,
     started_at: dt.datetime, startup_seconds: float, peak_memory_bytes: int | None,
 ) -> Measurement:
-    """Turn a window's request records and counters into a Measurement."""
-    ok = result.succeeded
+    """Turn the windows' request records and counters into a Measurement.
+
+    Throughput is the median over windows; latency distributions pool every window's requests.
+    """
+    records = [r for res in results for r in res.records]
+    ok = [r for r in records if r.ok]
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
-    d = result.duration
+    d = sum(res.duration for res in results)
+    windows = [WindowStats.of(res) for res in results]
     return Measurement(
-        spec=spec, engine=engine, workload=workload, concurrency=result.concurrency,
+        spec=spec, engine=engine, workload=workload, concurrency=results[0].concurrency,
         command=command, log_path=log_path, started_at=started_at, startup_seconds=startup_seconds,
-        duration_seconds=d, num_requests=len(result.records), num_failed=len(result.failed),
+        duration_seconds=d, num_requests=len(records), num_failed=len(records) - len(ok),
         input_tokens=in_tokens, output_tokens=out_tokens,
-        output_throughput=out_tokens / d if d > 0 else 0.0,
+        output_throughput=statistics.median(w.output_throughput for w in windows),
         request_throughput=len(ok) / d if d > 0 else 0.0,
         total_token_throughput=(in_tokens + out_tokens) / d if d > 0 else 0.0,
         ttft_ms=LatencyStats.of([r.ttft for r in ok if r.ttft is not None]),
@@ -152,8 +185,8 @@ def summarize(
         itl_ms=LatencyStats.of([x for r in ok for x in r.itl]),
         e2el_ms=LatencyStats.of([r.e2el for r in ok if r.e2el is not None]),
         acceptance=acceptance, peak_memory_bytes=peak_memory_bytes,
-        versions=versions(), hardware=hardware(),
-        requests=[RequestSample.of(r) for r in result.records],
+        versions=versions(), hardware=hardware(), windows=windows,
+        requests=[RequestSample.of(r) for r in records],
     )
 
 
@@ -167,6 +200,8 @@ def measure(
     startup_timeout: float = 600.0,
     window_timeout: float | None = None,
     progress: TrialHook | None = None,
+    server_factory: Callable[..., VLLMServer] = VLLMServer,
+    repeats: int = 1,
 ) -> Measurement:
     """Start an engine with ``spec``, measure ``prompts`` through it, stop it.
 
@@ -175,11 +210,13 @@ def measure(
         EngineCrashedError: the engine died during the run.
         EngineError: every request failed although the engine lives, or counters unreadable.
     The engine's process group is gone when this returns or raises, KeyboardInterrupt included.
+    ``server_factory`` builds the server (same signature as :class:`VLLMServer`). The window
+    is run ``repeats`` times on the same engine, so that noise can be told from differences.
     """
     hook = progress or (lambda phase, done, total: None)
     log_path = Path(log_dir) / _log_name(spec)
     started_at = dt.datetime.now(dt.timezone.utc)
-    server = VLLMServer(engine, spec, log_path=log_path, startup_timeout=startup_timeout)
+    server = server_factory(engine, spec, log_path=log_path, startup_timeout=startup_timeout)
     hook("start", 0, 1)
     with server:
         model = server.served_model_name
@@ -190,11 +227,16 @@ def measure(
                 run_load(server.base_url, model, warm, workload, concurrency=1,
                          timeout=window_timeout)
             before = fetch_counters(server.base_url)
-            hook("measure", 0, len(prompts))
-            result = run_load(
-                server.base_url, model, prompts, workload,
-                progress=lambda d, t: hook("measure", d, t), timeout=window_timeout,
-            )
+            results: list[LoadResult] = []
+            total = len(prompts) * repeats
+            for _ in range(repeats):
+                done = len(results) * len(prompts)
+                hook("measure", done, total)
+                results.append(run_load(
+                    server.base_url, model, prompts, workload,
+                    progress=lambda d, t, done=done: hook("measure", done + d, total),
+                    timeout=window_timeout,
+                ))
             after = fetch_counters(server.base_url)
         except TimeoutError as e:
             raise EngineTimeoutError(
@@ -207,14 +249,14 @@ def measure(
             raise
         if not server.is_running():
             raise _crashed(server)
-        if not result.succeeded:
+        if not any(res.succeeded for res in results):
             raise EngineError(
-                f"all {len(result.records)} requests failed; first: {result.records[0].error}",
+                f"all {len(prompts) * repeats} requests failed; first: {results[0].records[0].error}",
                 log_tail=server.log_tail(), log_path=str(log_path),
             )
         acc = (after - before).acceptance()
         return summarize(
-            result, spec=spec, engine=server.args, workload=workload,
+            results, spec=spec, engine=server.args, workload=workload,
             acceptance=AcceptanceStats(**vars(acc)) if acc else None,
             command=server.command, log_path=str(log_path), started_at=started_at,
             startup_seconds=server.startup_seconds or 0.0,

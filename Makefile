@@ -1,0 +1,20 @@
+# spectune: make setup | make test | make demo
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup test test-fast demo clean
+
+setup:
+	scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast:
+	$(PY) -m pytest -q -m "not engine"
+
+demo: setup
+	scripts/demo.sh
+
+clean:
+	rm -rf storage/*.db storage/logs .pytest_cache

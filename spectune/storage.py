@@ -1,0 +1,198 @@
+"""Study storage: one place resolves the storage URL and owns spectune's own schema.
+
+Optuna keeps studies and trials (its RDB storage, with heartbeats so that a dead worker's
+trial is failed and retried). spectune keeps each trial's full Measurement, or its failure,
+in its own table ``spectune_trials`` in the same database, linked by study name and trial id.
+SQLite under ``storage/`` by default; PostgreSQL (``postgresql+psycopg://...``) when several
+machines work on one study.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
+
+from spectune.errors import StorageError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from spectune.trial import Measurement
+
+__all__ = [
+    "DEFAULT_STORAGE",
+    "MeasurementStore",
+    "StoredTrial",
+    "open_optuna_storage",
+    "resolve_storage_url",
+    "spec_key",
+]
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_STORAGE = "sqlite:///storage/spectune.db"
+HEARTBEAT_INTERVAL = 30
+GRACE_PERIOD = 120
+
+_metadata = sa.MetaData()
+trials_table = sa.Table(
+    "spectune_trials",
+    _metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("study_name", sa.String(512), nullable=False, index=True),
+    sa.Column("trial_id", sa.Integer, nullable=False, unique=True),
+    sa.Column("trial_number", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("spec_key", sa.String(2048), nullable=False, index=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("measurement", sa.Text, nullable=True),
+)
+
+
+def resolve_storage_url(url: str | None = None) -> str:
+    """The storage URL to use: the argument, else ``$SPECTUNE_STORAGE``, else SQLite under storage/.
+
+    A plain file path (``my.db``) means SQLite. The folder of a SQLite file is created.
+    """
+    url = url or os.environ.get("SPECTUNE_STORAGE") or DEFAULT_STORAGE
+    if "://" not in url:
+        url = f"sqlite:///{url}"
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return url
+
+
+def _describe(url: str, err: Exception) -> str:
+    safe = sa.engine.make_url(url).render_as_string(hide_password=True) if "://" in url else url
+    first = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+    return f"storage {safe} cannot be used: {first}"
+
+
+@functools.lru_cache(maxsize=8)
+def _engine(url: str) -> sa.Engine:
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def check_reachable(url: str) -> None:
+    """Raise StorageError (one line) unless the database at ``url`` answers."""
+    try:
+        with _engine(url).connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except (SQLAlchemyError, ImportError, ValueError) as e:
+        raise StorageError(_describe(url, e)) from e
+
+
+def open_optuna_storage(url: str, *, retries: int = 1) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage at ``url`` with heartbeats; a stale trial is failed and retried once."""
+    import optuna
+    from optuna.storages import RetryFailedTrialCallback
+
+    check_reachable(url)
+    try:
+        return optuna.storages.RDBStorage(
+            url,
+            heartbeat_interval=HEARTBEAT_INTERVAL,
+            grace_period=GRACE_PERIOD,
+            failed_trial_callback=RetryFailedTrialCallback(max_retry=retries),
+            engine_kwargs={"pool_pre_ping": True},
+        )
+    except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as e:
+        raise StorageError(_describe(url, e)) from e
+
+
+@dataclass(frozen=True)
+class StoredTrial:
+    """One row of spectune's table."""
+
+    study_name: str
+    trial_id: int
+    trial_number: int
+    spec_key: str
+    state: str
+    error: str | None
+    measurement_json: str | None
+
+    def measurement(self) -> Measurement | None:
+        from spectune.trial import Measurement
+
+        if self.measurement_json is None:
+            return None
+        return Measurement.model_validate_json(self.measurement_json)
+
+
+class MeasurementStore:
+    """spectune's table of full measurements and failures, beside Optuna's tables.
+
+    Safe to use from several processes and machines at once (each write is one transaction;
+    ``trial_id`` is unique, so a trial is recorded once).
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._engine = _engine(url)
+        try:
+            _metadata.create_all(self._engine)
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(url, e)) from e
+
+    def record(
+        self, *, study_name: str, trial_id: int, trial_number: int, spec_key: str,
+        measurement: Measurement | None = None, error: str | None = None,
+    ) -> None:
+        """Store a trial's measurement (state COMPLETE) or its failure (state FAIL)."""
+        row: dict[str, Any] = {
+            "study_name": study_name, "trial_id": trial_id, "trial_number": trial_number,
+            "created_at": dt.datetime.now(dt.timezone.utc), "spec_key": spec_key,
+            "state": "COMPLETE" if measurement is not None else "FAIL", "error": error,
+            "measurement": measurement.model_dump_json() if measurement is not None else None,
+        }
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(sa.delete(trials_table).where(trials_table.c.trial_id == trial_id))
+                conn.execute(sa.insert(trials_table).values(**row))
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
+
+    def trials(self, study_name: str) -> list[StoredTrial]:
+        """Every stored trial of a study, in trial order."""
+        q = sa.select(trials_table).where(trials_table.c.study_name == study_name).order_by(
+            trials_table.c.trial_number)
+        try:
+            with self._engine.connect() as conn:
+                rows = conn.execute(q).mappings().all()
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
+        return [
+            StoredTrial(study_name=r["study_name"], trial_id=r["trial_id"], trial_number=r["trial_number"],
+                        spec_key=r["spec_key"], state=r["state"], error=r["error"],
+                        measurement_json=r["measurement"])
+            for r in rows
+        ]
+
+    def measurement(self, trial_id: int) -> Measurement | None:
+        q = sa.select(trials_table.c.measurement).where(trials_table.c.trial_id == trial_id)
+        try:
+            with self._engine.connect() as conn:
+                value = conn.execute(q).scalar_one_or_none()
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
+        if value is None:
+            return None
+        from spectune.trial import Measurement
+
+        return Measurement.model_validate_json(value)
+
+
+def spec_key(spec_json: dict[str, Any] | None) -> str:
+    """Canonical text of a candidate, to recognise the same configuration measured before."""
+    return json.dumps(spec_json or {"method": "none"}, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,112 @@
+"""Shared fixtures: tiny local models (built once a session) and engine settings for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from spectune.config import EngineArgs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Point TMPDIR of this test session (and so of every engine) at a folder pytest cleans."""
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmpdir"))
+    yield
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """Tiny Llama target and draft sharing a tokenizer (SPECTUNE_TEST_MODELS reuses a folder)."""
+    from spectune.checkpoints import build_tiny
+
+    where = os.environ.get("SPECTUNE_TEST_MODELS")
+    directory = Path(where) if where else tmp_path_factory.mktemp("tiny-models")
+    return build_tiny(directory)
+
+
+def tiny_engine_args(model: Path | str, **overrides: object) -> EngineArgs:
+    """Engine arguments for tests: float32 (greedy outputs comparable), small cache, eager."""
+    base: dict[str, object] = {
+        "model": str(model), "dtype": "float32", "max_model_len": 512,
+        "kv_cache_memory_bytes": 64 * 2**20, "enforce_eager": True, "seed": 0,
+    }
+    return EngineArgs.model_validate({**base, **overrides})
+
+
+@pytest.fixture(scope="session")
+def repetitive_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Code-like prompts that repeat themselves, so that n-gram lookup finds matches."""
+    path = tmp_path_factory.mktemp("prompts") / "repetitive.jsonl"
+    names = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+    with path.open("w") as f:
+        for i, name in enumerate(names):
+            body = "\n".join(f"    {name}_{j} = {name}_{j - 1} + {name}_{j - 1}" for j in range(1, 6))
+            prompt = f"def {name}(x):\n    {name}_0 = x\n{body}\n    return {name}_5\n\ndef {name}_again(x):\n    {name}_0 = x\n"
+            f.write(json.dumps({"id": f"p{i}", "prompt": prompt}) + "\n")
+    return path
+
+
+@dataclass
+class EngineTrace:
+    """What a test engine looked like just before it was stopped."""
+
+    pgid: int
+    port: int
+    descendants: list[int]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def group_is_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def recording_server(traces: list[EngineTrace]):  # noqa: ANN201
+    """A VLLMServer factory that notes the process group and children before each stop."""
+    import psutil
+
+    from spectune.engines import VLLMServer
+
+    class RecordingServer(VLLMServer):
+        def stop(self) -> None:
+            if self.pid is not None and self.is_running():
+                kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+                traces.append(EngineTrace(pgid=os.getpgid(self.pid), port=self.port, descendants=kids))
+            super().stop()
+
+    return RecordingServer
+
+
+def assert_engine_gone(trace: EngineTrace) -> None:
+    import psutil
+
+    assert group_is_gone(trace.pgid), f"processes of engine group {trace.pgid} remain"
+    alive = [p for p in trace.descendants if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"engine children still alive: {alive}"
+    assert port_is_free(trace.port), f"port {trace.port} still taken"

@@ -1,0 +1,57 @@
+"""Parsing vLLM's Prometheus counters into acceptance figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from spectune.counters import SpecCounters, parse_counters
+
+
+def _exposition(drafts: float, draft_tokens: float, accepted: float, per_pos: list[float]) -> str:
+    lines = [
+        "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.",
+        "# TYPE vllm:spec_decode_num_drafts counter",
+    ]
+    for engine in ("0", "1"):  # two engines (data parallel): values add up
+        lines.append(f'vllm:spec_decode_num_drafts_total{{engine="{engine}",model_name="m"}} {drafts / 2}')
+        lines.append(f'vllm:spec_decode_num_drafts_created{{engine="{engine}",model_name="m"}} 1.7e9')
+    lines += [
+        "# TYPE vllm:spec_decode_num_draft_tokens counter",
+        f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {draft_tokens}',
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}',
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+    ]
+    lines += [
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="m",position="{i}"}} {v}'
+        for i, v in reversed(list(enumerate(per_pos)))  # order in the text must not matter
+    ]
+    lines += ["# TYPE vllm:generation_tokens counter", 'vllm:generation_tokens_total{engine="0",model_name="m"} 999']
+    return "\n".join(lines) + "\n"
+
+
+def test_parse_sums_engines_orders_positions_and_ignores_created() -> None:
+    c = parse_counters(_exposition(100, 300, 180, [80, 60, 40]))
+    assert c.num_drafts == 100
+    assert c.num_draft_tokens == 300
+    assert c.num_accepted_tokens == 180
+    assert c.accepted_per_pos == (80, 60, 40)
+    assert c.generation_tokens == 999
+
+
+def test_window_difference_gives_acceptance_of_the_window_only() -> None:
+    before = parse_counters(_exposition(10, 30, 30, [10, 10, 10]))
+    after = parse_counters(_exposition(110, 330, 210, [90, 70, 50]))
+    acc = (after - before).acceptance()
+    assert acc is not None
+    assert acc.num_drafts == 100
+    assert acc.acceptance_rate == pytest.approx(180 / 300)
+    assert acc.mean_acceptance_length == pytest.approx(1 + 180 / 100)
+    assert acc.per_position == pytest.approx([0.8, 0.6, 0.4])
+    # the per-position shares add up to the accepted tokens per draft
+    assert sum(acc.per_position) == pytest.approx(acc.mean_acceptance_length - 1)
+
+
+def test_no_drafts_means_no_acceptance_figures() -> None:
+    assert parse_counters("").acceptance() is None
+    assert (SpecCounters(num_drafts=5) - SpecCounters(num_drafts=5)).acceptance() is None

