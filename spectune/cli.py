@@ -26,6 +26,8 @@ app = typer.Typer(
 )
 models_app = typer.Typer(help="Build or prepare checkpoints.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+workloads_app = typer.Typer(help="Prompt sets.", no_args_is_help=True)
+app.add_typer(workloads_app, name="workloads")
 
 _state: dict[str, Any] = {"debug": False}
 
@@ -63,7 +65,7 @@ def _parse_engine_arg(items: list[str]) -> dict[str, Any]:
 @app.command()
 def measure(
     model: Annotated[str, typer.Option(help="Target model: local path or hub name.")],
-    prompts: Annotated[Path, typer.Option(help="Prompt file (JSONL with prompt or messages).")],
+    prompts: Annotated[str, typer.Option(help="Prompt file (JSONL, ShareGPT JSON, Spec-Bench...) or a shipped set: humaneval, mtbench, sharegpt.")],
     spec: Annotated[str, typer.Option(help="Speculative config as vLLM's JSON, or 'none'.")] = "none",
     num_prompts: Annotated[Optional[int], typer.Option(min=1, help="Prompts to send (default: all).")] = None,
     max_tokens: Annotated[int, typer.Option(min=1)] = 128,
@@ -80,6 +82,7 @@ def measure(
     host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
     log_dir: Annotated[Path, typer.Option(help="Where engine logs are kept.")] = Path("storage/logs"),
     startup_timeout: Annotated[float, typer.Option(min=1.0)] = 600.0,
+    repeats: Annotated[int, typer.Option(min=1, help="Measure the window this many times on one engine.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Measurement as JSON.")] = False,
 ) -> None:
     """Measure one speculative configuration on a real vLLM engine."""
@@ -96,7 +99,7 @@ def measure(
         "extra_args": _parse_engine_arg(engine_arg),
     }, "engine")
     workload = validate(WorkloadSpec, {
-        "source": str(prompts), "num_prompts": num_prompts, "api": api, "concurrency": concurrency,
+        "source": prompts, "num_prompts": num_prompts, "api": api, "concurrency": concurrency,
         "warmup_requests": warmup, "sampling": {"max_tokens": max_tokens, "temperature": temperature},
     }, "workload")
     selected = load_prompts(workload)
@@ -104,13 +107,23 @@ def measure(
 
     with trial_progress(_err_console(), candidate.label(), enabled=not _state["debug"]) as hook:
         m = run_measure(engine, candidate, workload, selected, log_dir=log_dir,
-                        startup_timeout=startup_timeout, progress=hook)
+                        startup_timeout=startup_timeout, progress=hook, repeats=repeats)
     if as_json:
         sys.stdout.write(m.model_dump_json(indent=2) + "\n")
     else:
         from spectune._progress import render_measurement
 
         render_measurement(m)
+
+
+@workloads_app.command("list")
+def workloads_list() -> None:
+    """Shipped prompt sets, read offline from installed packages, with their counts."""
+    from rich.console import Console
+
+    from spectune.workloads import shipped_sets_table
+
+    Console().print(shipped_sets_table())
 
 
 @models_app.command("build-tiny")

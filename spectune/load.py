@@ -76,7 +76,7 @@ def _request_body(prompt: Prompt, model: str, workload: WorkloadSpec) -> tuple[s
     s = workload.sampling
     body: dict[str, Any] = {
         "model": model,
-        "max_tokens": s.max_tokens,
+        "max_tokens": prompt.max_tokens or s.max_tokens,
         "temperature": s.temperature,
         "top_p": s.top_p,
         "stream": True,
