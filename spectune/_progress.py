@@ -58,3 +58,92 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
     if m.peak_memory_bytes:
         t.add_row("peak engine memory", f"{m.peak_memory_bytes / 2**30:.2f} GiB")
     console.print(t)
+
+
+class StudyProgress:
+    """Rich progress for ``spectune optimize``: trial n of N, the candidate, best so far.
+
+    Use as a context manager; ``on_event`` is the study hook and ``trial_hook`` the per-trial
+    phase hook factory. Finished trials are printed as lines above the bars.
+    """
+
+    def __init__(self, console: Console, total: int) -> None:
+        self.console = console
+        self.enabled = console.is_terminal
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True,
+        )
+        self._study_task = None
+        self._trial_task = None
+        self._total = total
+
+    def __enter__(self) -> StudyProgress:
+        if self.enabled:
+            self.progress.__enter__()
+            self._study_task = self.progress.add_task("trials", total=self._total)
+            self._trial_task = self.progress.add_task("", total=None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.progress.__exit__(None, None, None)
+
+    def on_event(self, e: object) -> None:
+        from rich.markup import escape
+
+        from spectune.study import StudyEvent
+
+        assert isinstance(e, StudyEvent)
+        best = (f"best so far: {escape(e.best_label)} ({e.best_speedup:.2f}x)"
+                if e.best_label and e.best_speedup is not None else "")
+        if e.kind == "trial_start":
+            if self.enabled:
+                self.progress.update(self._study_task, completed=e.number - 1,
+                                     description=f"trial {e.number} of {e.total}  {best}")
+                self.progress.update(self._trial_task, description=f"  {escape(e.label)}: starting engine",
+                                     completed=0, total=None)
+            else:
+                self.console.print(f"trial {e.number} of {e.total}: {escape(e.label)} ...")
+        elif e.kind == "trial_end":
+            value = f"{e.values[0]:.4g}" if e.values else ""
+            color = {"COMPLETE": "green", "REUSED": "cyan", "FAIL": "red"}.get(e.state, "white")
+            why = f": {escape(e.reason)}" if e.reason else ""
+            self.console.print(
+                f"trial {e.number} of {e.total} [{color}]{e.state}[/{color}] {escape(e.label)} {value}{why}"
+                + (f"  [dim]{best}[/dim]" if best else ""), soft_wrap=True)
+            if self.enabled:
+                self.progress.update(self._study_task, completed=e.number)
+
+    def trial_hook(self, label: str) -> TrialHook | None:
+        if not self.enabled:
+            return None
+        from rich.markup import escape
+
+        def hook(phase: str, done: int, total: int) -> None:
+            self.progress.update(self._trial_task, description=f"  {escape(label)}: {_PHASES.get(phase, phase)}",
+                                 completed=done, total=total if phase == "measure" else None)
+
+        return hook
+
+
+def render_study(view: object, console: Console | None = None) -> None:
+    """The trials of a study as a table, best first."""
+    from rich.markup import escape
+
+    from spectune.results import StudyView
+
+    assert isinstance(view, StudyView)
+    console = console or Console()
+    t = Table(title=f"study {escape(view.name)} ({', '.join(f'{o} {d}' for o, d in zip(view.objectives, view.directions, strict=False))})")
+    for col in ("#", "state", "config", *view.objectives, "speedup", "acceptance", "accept len", "note"):
+        t.add_column(col, overflow="fold")
+    for r in view.sorted_rows():
+        vals = [f"{v:.4g}" for v in r.values] if r.values else ["-"] * len(view.objectives)
+        note = r.fail_reason or ("" if r.feasible else "breaks SLO")
+        if r.duplicate_of is not None:
+            note = f"same as #{r.duplicate_of}"
+        t.add_row(str(r.number), r.state, escape(r.label), *vals,
+                  _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
+                  _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(note))
+    console.print(t)

@@ -116,6 +116,76 @@ def measure(
         render_measurement(m)
 
 
+@app.command()
+def optimize(
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Study configuration (YAML).")] = None,
+    target: Annotated[Optional[str], typer.Option(help="Target model: local path or hub name.")] = None,
+    draft: Annotated[Optional[str], typer.Option(help="Draft model for spaces that use ${draft}.")] = None,
+    space: Annotated[Optional[str], typer.Option(help="Search space: a name in search_spaces/ or a YAML file.")] = None,
+    workload: Annotated[Optional[str], typer.Option(help="Prompt file or shipped set (humaneval, mtbench, sharegpt).")] = None,
+    objective: Annotated[Optional[list[str]], typer.Option(help="output_throughput, tpot_median_ms, tpot_p99_ms, ttft_p99_ms, e2el_median_ms, e2el_p99_ms; twice for a Pareto front.")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, help="Finished trials the study should have.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL (default sqlite:///storage/spectune.db).")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: from target and workload).")] = None,
+    seed: Annotated[Optional[int], typer.Option()] = None,
+) -> None:
+    """Run (or resume) an Optuna study over speculative configurations on real engines."""
+    from spectune._progress import StudyProgress
+    from spectune.study import load_study_config, run_study
+
+    cfg = load_study_config(config, {
+        "target": target, "draft": draft, "space": space, "workload": workload,
+        "objectives": objective or None, "trials": trials, "storage": storage,
+        "study_name": study, "seed": seed,
+    })
+    console = _err_console()
+    with StudyProgress(console, cfg.trials) as progress:
+        result = run_study(cfg, progress=progress.on_event, trial_progress=progress.trial_hook)
+    console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
+                  f"{result.reused} reused; storage {result.storage}")
+    _print_best(result.storage, result.study_name)
+
+
+def _print_best(storage: str | None, study: str | None) -> None:
+    from spectune.errors import ConfigError
+    from spectune.results import open_study
+
+    view = open_study(storage, study)
+    try:
+        choice = view.best()
+    except ConfigError as e:
+        _err_console().print(f"no best configuration yet: {e}")
+        return
+    typer.echo(f"best: {choice.row.label} (trial {choice.row.number}) - {choice.reason}")
+
+
+@app.command()
+def show(
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
+) -> None:
+    """The study's trials, best first, with speedup over the baseline, acceptance and state."""
+    from spectune._progress import render_study
+    from spectune.results import open_study
+
+    render_study(open_study(storage, study))
+
+
+@app.command()
+def export(
+    output: Annotated[Path, typer.Option("--output", "-o", help="YAML file for vllm serve --config.")] = Path("best.yaml"),
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
+) -> None:
+    """Write the best feasible configuration as a vllm serve --config YAML, with provenance."""
+    from spectune.export import export_best
+    from spectune.results import open_study
+
+    result = export_best(open_study(storage, study), output)
+    typer.echo(f"wrote {result.path} ({result.choice.row.label}): {result.choice.reason}")
+    typer.echo(f"provenance: {result.provenance_path}")
+
+
 @workloads_app.command("list")
 def workloads_list() -> None:
     """Shipped prompt sets, read offline from installed packages, with their counts."""

@@ -1,0 +1,99 @@
+"""Export the chosen configuration as a file ``vllm serve --config FILE`` accepts unchanged.
+
+Top-level keys are vLLM's CLI option names; ``speculative-config`` is a nested mapping (vLLM
+turns nested mappings into JSON arguments). A comment header summarises how it was measured;
+the full record (study, trial, metrics, speedup, versions, hardware, workload, resolved
+engine command) goes to a sibling ``<name>.provenance.json``. Both files are written
+atomically: a failed export leaves an earlier file intact.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spectune._util import atomic_write_text
+from spectune.errors import StorageError
+from spectune.results import Choice, StudyView
+
+__all__ = ["ExportResult", "export_best", "vllm_config"]
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    provenance_path: Path
+    choice: Choice
+    config: dict[str, Any]
+
+
+def vllm_config(engine: dict[str, Any], model: str, spec: dict[str, Any] | None) -> dict[str, Any]:
+    """The mapping for ``vllm serve --config``: model, engine options, speculative-config."""
+    from spectune.config import EngineArgs
+
+    args = EngineArgs.model_validate(engine)
+    out: dict[str, Any] = {"model": model}
+    out.update(args.to_vllm_options())
+    if spec and spec.get("method", "none") != "none":
+        out["speculative-config"] = dict(spec)
+    return out
+
+
+def _provenance_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".provenance.json")
+
+
+def export_best(view: StudyView, path: Path) -> ExportResult:
+    """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``."""
+    choice = view.best()
+    row = choice.row
+    m = view.store.measurement(row.trial_id)
+    base_m = view.store.measurement(choice.baseline.trial_id)
+    if m is None or base_m is None:
+        raise StorageError(f"study {view.name}: trial {row.number} has no stored measurement in spectune_trials")
+    engine = m.engine.model_dump(exclude={"host", "env"})
+    config = vllm_config(engine, m.engine.model, row.spec)
+    objective = view.objectives[0]
+    header = [
+        f"vllm serve --config {path.name}   (written by spectune)",
+        f"study {view.name!r}, trial {row.number}: {row.label}",
+        f"{objective} = {row.values[0]:.4g}" + (f", {row.speedup:.3f}x the baseline" if row.speedup else ""),
+        f"decision: {choice.reason}",
+        f"workload {m.workload.source}: {m.num_requests} requests, max_tokens {m.workload.sampling.max_tokens}, "
+        f"temperature {m.workload.sampling.temperature}, concurrency {m.concurrency}",
+        f"measured with vLLM {m.versions.vllm}, torch {m.versions.torch}, spectune {m.versions.spectune} "
+        f"on {m.hardware.platform}: {m.hardware.cpu}" + (f", {', '.join(m.hardware.gpus)}" if m.hardware.gpus else ""),
+        f"full record: {_provenance_path(path).name}",
+    ]
+    text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(config, sort_keys=False)
+    provenance = {
+        "study": view.name,
+        "storage": view.url,
+        "trial": row.number,
+        "config": row.label,
+        "is_baseline": choice.is_baseline,
+        "decision": choice.reason,
+        "noise_band": choice.noise_band,
+        "objectives": dict(zip(view.objectives, row.values or [], strict=False)),
+        "speedup": row.speedup,
+        "baseline": {"trial": choice.baseline.number,
+                     "objectives": dict(zip(view.objectives, choice.baseline.values or [], strict=False))},
+        "acceptance": m.acceptance.model_dump() if m.acceptance else None,
+        "latency_ms": {"ttft": m.ttft_ms.model_dump(), "tpot": m.tpot_ms.model_dump(), "e2el": m.e2el_ms.model_dump()},
+        "output_throughput": m.output_throughput,
+        "windows": [w.model_dump() for w in m.windows],
+        "workload": m.workload.model_dump(mode="json"),
+        "engine_command": m.command,
+        "versions": m.versions.model_dump(),
+        "hardware": m.hardware.model_dump(),
+        "vllm_config": config,
+    }
+    path = Path(path)
+    prov = _provenance_path(path)
+    atomic_write_text(prov, json.dumps(provenance, indent=2, default=str) + "\n")
+    atomic_write_text(path, text)
+    return ExportResult(path=path, provenance_path=prov, choice=choice, config=config)

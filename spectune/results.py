@@ -1,0 +1,146 @@
+"""Reading a study back: trial rows, the baseline, and the best feasible configuration.
+
+Export, ``show`` and reports read from storage through here, never from an engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from spectune.errors import ConfigError, StorageError
+from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["Choice", "StudyView", "TrialRow", "open_study"]
+
+NOISE_FLOOR = 0.02
+"""Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as a person reads it."""
+
+    number: int
+    trial_id: int
+    state: str
+    label: str
+    spec: dict[str, Any]
+    values: list[float] | None
+    speedup: float | None
+    noise: float | None
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    feasible: bool
+    duplicate_of: int | None
+    fail_reason: str | None
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.spec.get("method", "none") == "none"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The configuration to deploy, and why."""
+
+    row: TrialRow
+    baseline: TrialRow
+    is_baseline: bool
+    reason: str
+    noise_band: float
+
+
+class StudyView:
+    """A study's trials with spectune's attributes, read from storage."""
+
+    def __init__(self, study: optuna.Study, store: MeasurementStore, url: str) -> None:
+        self.study = study
+        self.store = store
+        self.url = url
+        self.objectives: list[str] = list(study.user_attrs.get("objectives") or study.metric_names or ["value"])
+        self.directions = [d.name.lower() for d in study.directions]
+        self.rows = [_row(t) for t in study.get_trials(deepcopy=False)]
+
+    @property
+    def name(self) -> str:
+        return self.study.study_name
+
+    def complete(self) -> list[TrialRow]:
+        return [r for r in self.rows if r.state == "COMPLETE" and r.values is not None]
+
+    def baseline(self) -> TrialRow | None:
+        rows = [r for r in self.complete() if r.is_baseline and r.duplicate_of is None]
+        return rows[0] if rows else None
+
+    def sorted_rows(self) -> list[TrialRow]:
+        """Completed trials best first by the first objective, then the others by number."""
+        sign = -1.0 if self.directions[0] == "maximize" else 1.0
+        done = sorted(self.complete(), key=lambda r: sign * (r.values or [math.inf])[0])
+        rest = [r for r in self.rows if r not in done]
+        return done + rest
+
+    def best(self) -> Choice:
+        """The best feasible configuration, or the baseline when nothing beats it beyond noise.
+
+        One objective: the best value. Two: among the feasible Pareto front, the best first
+        objective (the front itself is in the Optuna dashboard and the report).
+        """
+        base = self.baseline()
+        if base is None:
+            raise ConfigError(f"study {self.name} has no completed baseline trial to compare with")
+        candidates = [r for r in self.complete() if r.feasible and r.duplicate_of is None]
+        if len(self.directions) > 1:
+            front = {t.number for t in self.study.best_trials}
+            candidates = [r for r in candidates if r.number in front or r.is_baseline]
+        sign = 1.0 if self.directions[0] == "maximize" else -1.0
+        best = max(candidates, key=lambda r: sign * (r.values or [0.0])[0]) if candidates else base
+        band = (best.noise if best.noise is not None else NOISE_FLOOR) + (
+            base.noise if base.noise is not None else NOISE_FLOOR)
+        if best.is_baseline:
+            return Choice(best, base, True, "no speculative configuration measured better than the baseline", band)
+        if not base.feasible and best.feasible:
+            return Choice(best, base, False, "the baseline breaks the SLO; this configuration meets it", band)
+        if best.speedup is None or best.speedup - 1.0 <= band:
+            sp = f"{best.speedup:.3f}x" if best.speedup is not None else "unknown"
+            return Choice(base, base, True,
+                          f"the best speculative configuration ({best.label}, {sp}) is within the noise band "
+                          f"(+-{band:.1%}) of the baseline", band)
+        return Choice(best, base, False, f"{best.speedup:.2f}x the baseline (noise band +-{band:.1%})", band)
+
+
+def _row(t: optuna.trial.FrozenTrial) -> TrialRow:
+    attrs = t.user_attrs
+    return TrialRow(
+        number=t.number, trial_id=t._trial_id, state=t.state.name,
+        label=attrs.get("config", "?"), spec=attrs.get("spec", {}),
+        values=list(t.values) if t.values is not None else None,
+        speedup=attrs.get("speedup"), noise=attrs.get("noise"),
+        acceptance_rate=attrs.get("acceptance_rate"),
+        mean_acceptance_length=attrs.get("mean_acceptance_length"),
+        feasible=bool(attrs.get("feasible", True)), duplicate_of=attrs.get("duplicate_of"),
+        fail_reason=attrs.get("fail_reason"),
+    )
+
+
+def open_study(storage: str | None, study_name: str | None) -> StudyView:
+    """Open an existing study for reading; with no name, the only (or newest) study there."""
+    import optuna
+
+    url = resolve_storage_url(storage)
+    rdb = open_optuna_storage(url)
+    names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]
+    if study_name is None:
+        if not names:
+            raise StorageError(f"no study in {url}")
+        study_name = names[-1]
+    elif study_name not in names:
+        known = ", ".join(names) or "none"
+        raise ConfigError(f"no study named {study_name!r} in {url} (studies: {known})")
+    study = optuna.load_study(study_name=study_name, storage=rdb)
+    return StudyView(study, MeasurementStore(url), url)
+

@@ -1,0 +1,395 @@
+"""The Optuna study: baseline first, one real engine run per trial, failures as data, resume.
+
+``run_study(config)`` is the library call behind ``spectune optimize``. Optuna owns studies,
+trials, samplers and distribution across machines (workers pointed at the same RDB storage,
+heartbeats for dead workers); spectune adds the trial function, its own measurement table,
+and the rules below:
+
+- Trial 0 is the baseline (no speculation), so every result has a speedup.
+- A candidate measured before in the study is not measured again: its values are reused.
+- An engine that fails, crashes or times out makes the trial FAIL with the reason in the
+  trial's ``fail_reason`` attribute and in spectune's table; the study goes on.
+- Ctrl-C stops the engine, marks the running trial FAIL with ``fail_reason = "interrupted"``
+  and exits non-zero; the next run re-queues that candidate and does not count it as done.
+- SLOs are constraints: a trial that breaks one is infeasible and never "best".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field, field_validator
+
+from spectune._util import StrictModel, load_yaml_file, validate
+from spectune.config import EngineArgs, SpecConfig
+from spectune.errors import ConfigError, EngineError
+from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, spec_key
+from spectune.workloads import WorkloadSpec
+
+if TYPE_CHECKING:
+    import optuna
+
+    from spectune.trial import Measurement, TrialHook
+
+__all__ = ["SLO", "Objective", "StudyConfig", "StudyEvent", "load_study_config", "run_study"]
+
+_logger = logging.getLogger(__name__)
+
+INTERRUPTED = "interrupted"
+
+
+class Objective(str, Enum):
+    """What a study optimises. Throughput is maximised, latencies minimised."""
+
+    OUTPUT_THROUGHPUT = "output_throughput"
+    TPOT_MEDIAN = "tpot_median_ms"
+    TPOT_P99 = "tpot_p99_ms"
+    TTFT_P99 = "ttft_p99_ms"
+    E2EL_MEDIAN = "e2el_median_ms"
+    E2EL_P99 = "e2el_p99_ms"
+
+    @property
+    def maximize(self) -> bool:
+        return self is Objective.OUTPUT_THROUGHPUT
+
+    @property
+    def direction(self) -> str:
+        return "maximize" if self.maximize else "minimize"
+
+    def window_values(self, m: Measurement) -> list[float]:
+        """This objective in each repeat of the window (for its noise)."""
+        return [v for w in m.windows if (v := getattr(w, self.value)) is not None]
+
+    def value(self, m: Measurement) -> float:  # noqa: D102 - the measured value
+        values = self.window_values(m)
+        if not values:
+            raise EngineError(f"no request produced a value for {self.value}")
+        return float(statistics.median(values))
+
+
+class SLO(StrictModel):
+    """Service-level limits. A trial that breaks any of them is infeasible."""
+
+    ttft_p99_ms: float | None = Field(default=None, gt=0)
+    tpot_median_ms: float | None = Field(default=None, gt=0)
+    tpot_p99_ms: float | None = Field(default=None, gt=0)
+    e2el_p99_ms: float | None = Field(default=None, gt=0)
+    min_output_throughput: float | None = Field(default=None, gt=0)
+
+    def violations(self, m: Measurement) -> list[float]:
+        """Optuna constraint values: <= 0 is satisfied, > 0 by how much it is broken."""
+        out: list[float] = []
+        for name, limit in self:
+            if limit is None:
+                continue
+            if name == "min_output_throughput":
+                out.append(limit - m.output_throughput)
+            else:
+                value = Objective(name).value(m)
+                out.append(value - limit)
+        return out
+
+
+class StudyConfig(StrictModel):
+    """Everything a study needs; read from YAML (``--config``) with CLI flags on top."""
+
+    target: str = Field(description="Target model: local path or hub name.")
+    draft: str | None = Field(default=None, description="Draft model for spaces that use ${draft}.")
+    engine: dict[str, Any] = Field(default_factory=dict, description="Engine arguments (EngineArgs fields).")
+    workload: WorkloadSpec
+    space: str = "default"
+    objectives: list[Objective] = Field(default_factory=lambda: [Objective.OUTPUT_THROUGHPUT])
+    slo: SLO = Field(default_factory=SLO)
+    trials: int = Field(default=10, ge=1)
+    storage: str | None = None
+    study_name: str | None = None
+    seed: int = 0
+    repeats: int = Field(default=2, ge=1, description="Windows per trial, on the same engine.")
+    startup_timeout: float = Field(default=600.0, gt=0)
+    window_timeout: float | None = Field(default=1800.0, gt=0)
+    log_dir: Path = Path("storage/logs")
+
+    @field_validator("objectives")
+    @classmethod
+    def _one_or_two(cls, v: list[Objective]) -> list[Objective]:
+        if not 1 <= len(v) <= 2 or len(set(v)) != len(v):
+            raise ValueError("give one objective, or two different ones for a Pareto front")
+        return v
+
+    def engine_args(self) -> EngineArgs:
+        return validate(EngineArgs, {**self.engine, "model": self.target}, "engine")
+
+    def resolved_study_name(self) -> str:
+        if self.study_name:
+            return self.study_name
+        target = Path(self.target.rstrip("/")).name or self.target
+        source = self.workload.source
+        workload = Path(source).stem if ("/" in source or "." in source) else source
+        return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{target}-{workload}")
+
+
+def load_study_config(path: Path | None, overrides: dict[str, Any]) -> StudyConfig:
+    """A StudyConfig from a YAML file (optional) and CLI overrides (None values are ignored)."""
+    data: dict[str, Any] = {}
+    source = "study config"
+    if path is not None:
+        loaded = load_yaml_file(path)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        data = dict(loaded or {})
+        source = str(path)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "workload":
+            wl = data.get("workload") or {}
+            data["workload"] = {**wl, "source": value} if isinstance(wl, dict) else {"source": value}
+        else:
+            data[key] = value
+    if "target" not in data:
+        raise ConfigError(f"{source}: target: the target model is missing (--target)")
+    if "workload" not in data:
+        raise ConfigError(f"{source}: workload: no workload given (--workload)")
+    return validate(StudyConfig, data, source)
+
+
+@dataclass
+class StudyEvent:
+    """Progress of a study, given to the progress hook after each trial and during one."""
+
+    kind: str  # "trial_start", "trial_phase", "trial_end"
+    number: int
+    total: int
+    label: str
+    phase: str = ""
+    done: int = 0
+    of: int = 0
+    state: str = ""
+    values: list[float] | None = None
+    reason: str | None = None
+    best_label: str | None = None
+    best_speedup: float | None = None
+
+
+StudyHook = Callable[[StudyEvent], None]
+
+
+@dataclass
+class StudyResult:
+    study_name: str
+    storage: str
+    measured: int
+    failed: int
+    reused: int
+    best: list[int] = field(default_factory=list)
+
+
+def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    def constraints(t: optuna.trial.FrozenTrial) -> list[float]:
+        return list(t.user_attrs.get("constraints", []))
+
+    if len(config.objectives) > 1:
+        return optuna.samplers.NSGAIISampler(seed=config.seed, constraints_func=constraints)
+    return optuna.samplers.TPESampler(
+        seed=config.seed, constraints_func=constraints, n_startup_trials=4, multivariate=True,
+        group=True,
+    )
+
+
+def headline(m: Measurement) -> dict[str, Any]:
+    """The trial attributes a person reads in the dashboard."""
+    acc = m.acceptance
+    return {
+        "output_throughput": round(m.output_throughput, 3),
+        "tpot_median_ms": m.tpot_ms.median,
+        "ttft_p99_ms": m.ttft_ms.p99,
+        "e2el_median_ms": m.e2el_ms.median,
+        "acceptance_rate": acc.acceptance_rate if acc else None,
+        "mean_acceptance_length": acc.mean_acceptance_length if acc else None,
+        "per_position_acceptance": acc.per_position if acc else None,
+        "startup_seconds": round(m.startup_seconds, 2),
+        "failed_requests": m.num_failed,
+    }
+
+
+def speedup(objective: Objective, value: float, baseline: float) -> float:
+    """How many times better than the baseline (> 1 is better, for either direction)."""
+    if objective.maximize:
+        return value / baseline if baseline > 0 else float("nan")
+    return baseline / value if value > 0 else float("nan")
+
+
+def relative_noise(objective: Objective, m: Measurement) -> float | None:
+    """Median absolute deviation over the windows, relative to the median (None for 1 window)."""
+    values = objective.window_values(m)
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    return mad / med if med else None
+
+
+def run_study(
+    config: StudyConfig,
+    *,
+    progress: StudyHook | None = None,
+    trial_progress: Callable[[str], TrialHook | None] | None = None,
+) -> StudyResult:
+    """Run (or resume) the study ``config`` describes until it has ``config.trials`` finished trials.
+
+    Raises ConfigError / StorageError for bad input before anything is written, and lets
+    KeyboardInterrupt through after the running engine has been stopped.
+    """
+    import optuna
+
+    from spectune.pairing import check_pairing
+    from spectune.space import load_space
+    from spectune.trial import measure
+    from spectune.workloads import load_prompts
+
+    # -- validate everything before touching the storage or starting an engine ----------------
+    engine = config.engine_args()
+    space = load_space(config.space).resolve(config.target, draft=config.draft)
+    candidates_with_models = [s for s in space.enumerate() if s.model]
+    for spec in candidates_with_models:
+        check_pairing(config.target, spec.model, spec.method)
+    prompts = load_prompts(config.workload)
+    url = resolve_storage_url(config.storage)
+    storage = open_optuna_storage(url)
+    store = MeasurementStore(url)
+    name = config.resolved_study_name()
+    hook = progress or (lambda e: None)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        study_name=name, storage=storage, load_if_exists=True, sampler=_sampler(config),
+        directions=[o.direction for o in config.objectives],
+    )
+    study.set_metric_names([o.value for o in config.objectives])
+    study.set_user_attr("spectune_config", json.loads(config.model_dump_json()))
+    study.set_user_attr("objectives", [o.value for o in config.objectives])
+
+    def finished() -> list[optuna.trial.FrozenTrial]:
+        return [t for t in study.get_trials(deepcopy=False)
+                if t.state == optuna.trial.TrialState.COMPLETE
+                or (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason") != INTERRUPTED)]
+
+    # the baseline first; interrupted candidates again
+    trials = study.get_trials(deepcopy=False)
+    waiting = {json.dumps(t.params, sort_keys=True) for t in trials if t.state == optuna.trial.TrialState.WAITING}
+    baseline_params = space.params_of(SpecConfig())
+    if not any(t.params == baseline_params for t in trials if t.state != optuna.trial.TrialState.FAIL) \
+            and json.dumps(baseline_params, sort_keys=True) not in waiting:
+        study.enqueue_trial(baseline_params, user_attrs={"role": "baseline"})
+    retried = {t.user_attrs.get("retry_of") for t in trials}
+    for t in trials:
+        if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+
+    counts = {"measured": 0, "failed": 0, "reused": 0}
+    primary = config.objectives[0]
+    total = config.trials
+
+    def baseline_value() -> float | None:
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.user_attrs.get("spec_key") == spec_key(None):
+                return t.values[0]
+        return None
+
+    def best_so_far() -> tuple[str | None, float | None]:
+        base = baseline_value()
+        best: tuple[str | None, float | None] = (None, None)
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if any(c > 0 for c in t.user_attrs.get("constraints", [])) or base is None:
+                continue
+            s = speedup(primary, t.values[0], base)
+            if best[1] is None or s > best[1]:
+                best = (t.user_attrs.get("config"), s)
+        return best
+
+    def objective(trial: optuna.Trial) -> list[float] | float:
+        spec = space.suggest(trial)
+        key = spec_key(spec.to_vllm())
+        number = len(finished()) + 1
+        trial.set_user_attr("config", spec.label())
+        trial.set_user_attr("spec", spec.to_vllm() or {"method": "none"})
+        trial.set_user_attr("spec_key", key)
+        hook(StudyEvent("trial_start", number, total, spec.label()))
+        previous = _completed_with_key(study, key, exclude=trial.number)
+        if previous is not None:
+            for k, v in previous.user_attrs.items():
+                if k not in {"role", "retry_of"}:
+                    trial.set_user_attr(k, v)
+            trial.set_user_attr("duplicate_of", previous.number)
+            counts["reused"] += 1
+            _finish_event(hook, number, total, spec, "REUSED", previous.values, None, best_so_far())
+            return previous.values if len(previous.values) > 1 else previous.values[0]
+        tp = trial_progress(spec.label()) if trial_progress else None
+        phase_hook = tp
+        try:
+            m = measure(engine, spec, config.workload, prompts, log_dir=config.log_dir,
+                        startup_timeout=config.startup_timeout, window_timeout=config.window_timeout,
+                        progress=phase_hook, repeats=config.repeats)
+            values = [o.value(m) for o in config.objectives]
+        except EngineError as e:
+            counts["failed"] += 1
+            trial.set_user_attr("fail_reason", str(e))
+            store.record(study_name=name, trial_id=trial._trial_id, trial_number=trial.number,
+                         spec_key=key, error=str(e))
+            _finish_event(hook, number, total, spec, "FAIL", None, str(e), best_so_far())
+            raise
+        except KeyboardInterrupt:
+            trial.set_user_attr("fail_reason", INTERRUPTED)
+            raise
+        counts["measured"] += 1
+        attrs = headline(m)
+        base = baseline_value()
+        if spec.is_baseline:
+            base = values[0]
+        if base is not None:
+            attrs["speedup"] = round(speedup(primary, values[0], base), 4)
+        attrs["noise"] = relative_noise(primary, m)
+        attrs["constraints"] = config.slo.violations(m)
+        attrs["feasible"] = all(c <= 0 for c in attrs["constraints"])
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        store.record(study_name=name, trial_id=trial._trial_id, trial_number=trial.number,
+                     spec_key=key, measurement=m)
+        _finish_event(hook, number, total, spec, "COMPLETE", values, None, best_so_far())
+        return values if len(values) > 1 else values[0]
+
+    while (remaining := total - len(finished())) > 0:
+        study.optimize(objective, n_trials=remaining, catch=(EngineError,))
+    return StudyResult(study_name=name, storage=url, **counts,
+                       best=[t.number for t in study.best_trials] if _has_complete(study) else [])
+
+
+def _has_complete(study: optuna.Study) -> bool:
+    import optuna
+
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+
+
+def _completed_with_key(study: optuna.Study, key: str, exclude: int) -> optuna.trial.FrozenTrial | None:
+    import optuna
+
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.number != exclude and t.user_attrs.get("spec_key") == key and "duplicate_of" not in t.user_attrs:
+            return t
+    return None
+
+
+def _finish_event(hook: StudyHook, number: int, total: int, spec: SpecConfig, state: str,
+                  values: list[float] | None, reason: str | None, best: tuple[str | None, float | None]) -> None:
+    hook(StudyEvent("trial_end", number, total, spec.label(), state=state, values=values, reason=reason,
+                    best_label=best[0], best_speedup=best[1]))
