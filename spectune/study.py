@@ -24,12 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
 from spectune._util import StrictModel, load_yaml_file, validate
-from spectune.config import EngineArgs, SpecConfig
+from spectune.config import EngineArgs, Method, SpecConfig
 from spectune.errors import ConfigError, EngineError
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, spec_key
 from spectune.workloads import WorkloadSpec
@@ -112,6 +112,10 @@ class StudyConfig(StrictModel):
     storage: str | None = None
     study_name: str | None = None
     seed: int = 0
+    sampler: Literal["tpe", "random", "grid"] = Field(
+        default="tpe",
+        description="tpe (NSGA-II for two objectives), random, or grid: every candidate once, in order.",
+    )
     repeats: int = Field(default=2, ge=1, description="Windows per trial, on the same engine.")
     startup_timeout: float = Field(default=600.0, gt=0)
     window_timeout: float | None = Field(default=1800.0, gt=0)
@@ -198,6 +202,8 @@ def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
     def constraints(t: optuna.trial.FrozenTrial) -> list[float]:
         return list(t.user_attrs.get("constraints", []))
 
+    if config.sampler != "tpe":  # grid: the candidates are enqueued; random for anything beyond
+        return optuna.samplers.RandomSampler(seed=config.seed)
     if len(config.objectives) > 1:
         return optuna.samplers.NSGAIISampler(seed=config.seed, constraints_func=constraints)
     return optuna.samplers.TPESampler(
@@ -260,9 +266,10 @@ def run_study(
     # -- validate everything before touching the storage or starting an engine ----------------
     engine = config.engine_args()
     space = load_space(config.space).resolve(config.target, draft=config.draft)
-    candidates_with_models = [s for s in space.enumerate() if s.model]
-    for spec in candidates_with_models:
-        check_pairing(config.target, spec.model, spec.method)
+    for method, model in space.proposers():
+        check_pairing(config.target, model, method)
+    if Method.NONE not in space.methods:
+        raise ConfigError(f"{space.source or config.space}: methods: the space needs 'none' (the baseline)")
     prompts = load_prompts(config.workload)
     url = resolve_storage_url(config.storage)
     storage = open_optuna_storage(url)
@@ -280,13 +287,16 @@ def run_study(
     study.set_user_attr("objectives", [o.value for o in config.objectives])
 
     def finished() -> list[optuna.trial.FrozenTrial]:
+        # An engine failure counts as a finished trial (it is data). A trial failed by Ctrl-C, or
+        # by Optuna's heartbeat after its worker died (no fail_reason), is retried instead.
         return [t for t in study.get_trials(deepcopy=False)
                 if t.state == optuna.trial.TrialState.COMPLETE
-                or (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason") != INTERRUPTED)]
+                or (t.state == optuna.trial.TrialState.FAIL
+                    and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED))]
 
     # the baseline first; interrupted candidates again
     trials = study.get_trials(deepcopy=False)
-    waiting = {json.dumps(t.params, sort_keys=True) for t in trials if t.state == optuna.trial.TrialState.WAITING}
+    waiting = {_params_key(t) for t in trials if t.state == optuna.trial.TrialState.WAITING}
     baseline_params = space.params_of(SpecConfig())
     if not any(t.params == baseline_params for t in trials if t.state != optuna.trial.TrialState.FAIL) \
             and json.dumps(baseline_params, sort_keys=True) not in waiting:
@@ -295,6 +305,12 @@ def run_study(
     for t in trials:
         if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried:
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+    if config.sampler == "grid":
+        seen = {_params_key(t) for t in trials}
+        for spec in space.enumerate():
+            params = space.params_of(spec)
+            if not spec.is_baseline and json.dumps(params, sort_keys=True) not in seen:
+                study.enqueue_trial(params)
 
     counts = {"measured": 0, "failed": 0, "reused": 0}
     primary = config.objectives[0]
@@ -372,6 +388,11 @@ def run_study(
         study.optimize(objective, n_trials=remaining, catch=(EngineError,))
     return StudyResult(study_name=name, storage=url, **counts,
                        best=[t.number for t in study.best_trials] if _has_complete(study) else [])
+
+
+def _params_key(t: optuna.trial.FrozenTrial) -> str:
+    """A trial's parameters as text; for a WAITING (enqueued) trial, the ones it will get."""
+    return json.dumps(t.params or t.system_attrs.get("fixed_params", {}), sort_keys=True)
 
 
 def _has_complete(study: optuna.Study) -> bool:
