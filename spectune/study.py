@@ -277,7 +277,8 @@ def run_study(
     name = config.resolved_study_name()
     hook = progress or (lambda e: None)
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Optuna logs each failed trial with a traceback at WARNING; spectune reports failures itself.
+    optuna.logging.set_verbosity(optuna.logging.INFO if _logger.isEnabledFor(logging.INFO) else optuna.logging.ERROR)
     study = optuna.create_study(
         study_name=name, storage=storage, load_if_exists=True, sampler=_sampler(config),
         directions=[o.direction for o in config.objectives],

