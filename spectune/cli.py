@@ -186,6 +186,35 @@ def export(
     typer.echo(f"provenance: {result.provenance_path}")
 
 
+@app.command()
+def dashboard(
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8080,
+    host: Annotated[str, typer.Option(help="Address to listen on (loopback by default; the dashboard has no login).")] = "127.0.0.1",
+) -> None:
+    """Serve optuna-dashboard on the storage, with each study's best config and figures; Ctrl-C stops it."""
+    from spectune.report import serve_dashboard
+
+    serve_dashboard(storage, host=host, port=port,
+                    ready=lambda url: _err_console().print(f"optuna-dashboard at {url} (Ctrl-C stops it)"))
+
+
+@app.command()
+def report(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Report file.")] = Path("report.html"),
+    fmt: Annotated[Optional[str], typer.Option("--format", help="html (self-contained, with plots) or md (a summary for CI); default: from the file's suffix.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
+) -> None:
+    """Write a report of the study: figures, trials, workload and provenance (HTML or Markdown)."""
+    from spectune.report import write_report
+    from spectune.results import open_study
+
+    chosen = fmt or ("md" if output.suffix.lower() in {".md", ".markdown"} else "html")
+    path = write_report(open_study(storage, study), output, chosen)  # type: ignore[arg-type]
+    typer.echo(f"wrote {path}")
+
+
 @workloads_app.command("list")
 def workloads_list() -> None:
     """Shipped prompt sets, read offline from installed packages, with their counts."""

@@ -154,7 +154,7 @@ async def _one_request(
         else:
             rec.ok = True
     except asyncio.TimeoutError:
-        rec.error = f"request timed out after {workload.request_timeout:.0f} s"
+        rec.error = f"request timed out after {workload.request_timeout:g} s"
     except (aiohttp.ClientError, json.JSONDecodeError, OSError) as e:
         rec.error = f"{type(e).__name__}: {e}"
     return rec

@@ -92,20 +92,37 @@ def check_reachable(url: str) -> None:
         raise StorageError(_describe(url, e)) from e
 
 
-def open_optuna_storage(url: str, *, retries: int = 1) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage at ``url`` with heartbeats; a stale trial is failed and retried once."""
+def open_optuna_storage(
+    url: str, *, retries: int = 1, heartbeat_interval: int = HEARTBEAT_INTERVAL,
+    grace_period: int = GRACE_PERIOD,
+) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage at ``url`` with heartbeats; a stale trial is failed and retried once.
+
+    A worker beats every ``heartbeat_interval`` seconds while a trial runs; a RUNNING trial
+    whose last beat is older than ``grace_period`` is failed by the next worker that starts a
+    trial, and re-queued.
+    """
+    import warnings
+
     import optuna
-    from optuna.storages import RetryFailedTrialCallback
 
     check_reachable(url)
     try:
-        return optuna.storages.RDBStorage(
-            url,
-            heartbeat_interval=HEARTBEAT_INTERVAL,
-            grace_period=GRACE_PERIOD,
-            failed_trial_callback=RetryFailedTrialCallback(max_retry=retries),
-            engine_kwargs={"pool_pre_ping": True},
-        )
+        with warnings.catch_warnings():
+            # heartbeats are "experimental" in Optuna since 2.8; they are what distributed mode needs
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+            if retry is not None:  # Optuna >= 4.9
+                callback = {"heartbeat_stale_trial_callback": retry(max_retry=retries)}
+            else:
+                callback = {"failed_trial_callback": optuna.storages.RetryFailedTrialCallback(max_retry=retries)}
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                engine_kwargs={"pool_pre_ping": True},
+                **callback,
+            )
     except (SQLAlchemyError, ImportError, ValueError, RuntimeError) as e:
         raise StorageError(_describe(url, e)) from e
 

@@ -20,6 +20,7 @@ import json
 import logging
 import re
 import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -68,7 +69,8 @@ class Objective(str, Enum):
         """This objective in each repeat of the window (for its noise)."""
         return [v for w in m.windows if (v := getattr(w, self.value)) is not None]
 
-    def value(self, m: Measurement) -> float:  # noqa: D102 - the measured value
+    def of(self, m: Measurement) -> float:
+        """The measured value: the median over the windows."""
         values = self.window_values(m)
         if not values:
             raise EngineError(f"no request produced a value for {self.value}")
@@ -93,7 +95,7 @@ class SLO(StrictModel):
             if name == "min_output_throughput":
                 out.append(limit - m.output_throughput)
             else:
-                value = Objective(name).value(m)
+                value = Objective(name).of(m)
                 out.append(value - limit)
         return out
 
@@ -120,6 +122,8 @@ class StudyConfig(StrictModel):
     startup_timeout: float = Field(default=600.0, gt=0)
     window_timeout: float | None = Field(default=1800.0, gt=0)
     log_dir: Path = Path("storage/logs")
+    heartbeat_interval: int = Field(default=30, ge=1, description="Seconds between a worker's heartbeats.")
+    grace_period: int = Field(default=120, ge=2, description="A RUNNING trial silent this long is stale.")
 
     @field_validator("objectives")
     @classmethod
@@ -272,7 +276,8 @@ def run_study(
         raise ConfigError(f"{space.source or config.space}: methods: the space needs 'none' (the baseline)")
     prompts = load_prompts(config.workload)
     url = resolve_storage_url(config.storage)
-    storage = open_optuna_storage(url)
+    storage = open_optuna_storage(url, heartbeat_interval=config.heartbeat_interval,
+                                  grace_period=config.grace_period)
     store = MeasurementStore(url)
     name = config.resolved_study_name()
     hook = progress or (lambda e: None)
@@ -283,7 +288,9 @@ def run_study(
         study_name=name, storage=storage, load_if_exists=True, sampler=_sampler(config),
         directions=[o.direction for o in config.objectives],
     )
-    study.set_metric_names([o.value for o in config.objectives])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.value for o in config.objectives])
     study.set_user_attr("spectune_config", json.loads(config.model_dump_json()))
     study.set_user_attr("objectives", [o.value for o in config.objectives])
 
@@ -342,13 +349,18 @@ def run_study(
         trial.set_user_attr("spec", spec.to_vllm() or {"method": "none"})
         trial.set_user_attr("spec_key", key)
         hook(StudyEvent("trial_start", number, total, spec.label()))
-        previous = _completed_with_key(study, key, exclude=trial.number)
-        if previous is not None:
+        previous = _finished_with_key(study, key, exclude=trial.number)
+        if previous is not None:  # measured before in this study: reuse, start no engine
             for k, v in previous.user_attrs.items():
                 if k not in {"role", "retry_of"}:
                     trial.set_user_attr(k, v)
             trial.set_user_attr("duplicate_of", previous.number)
             counts["reused"] += 1
+            if previous.state == optuna.trial.TrialState.FAIL:
+                reason = f"same candidate as trial {previous.number}: {previous.user_attrs['fail_reason']}"
+                trial.set_user_attr("fail_reason", reason)
+                _finish_event(hook, number, total, spec, "FAIL", None, reason, best_so_far())
+                raise EngineError(reason)
             _finish_event(hook, number, total, spec, "REUSED", previous.values, None, best_so_far())
             return previous.values if len(previous.values) > 1 else previous.values[0]
         tp = trial_progress(spec.label()) if trial_progress else None
@@ -357,7 +369,7 @@ def run_study(
             m = measure(engine, spec, config.workload, prompts, log_dir=config.log_dir,
                         startup_timeout=config.startup_timeout, window_timeout=config.window_timeout,
                         progress=phase_hook, repeats=config.repeats)
-            values = [o.value(m) for o in config.objectives]
+            values = [o.of(m) for o in config.objectives]
         except EngineError as e:
             counts["failed"] += 1
             trial.set_user_attr("fail_reason", str(e))
@@ -402,11 +414,16 @@ def _has_complete(study: optuna.Study) -> bool:
     return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
 
 
-def _completed_with_key(study: optuna.Study, key: str, exclude: int) -> optuna.trial.FrozenTrial | None:
+def _finished_with_key(study: optuna.Study, key: str, exclude: int) -> optuna.trial.FrozenTrial | None:
+    """An earlier trial of the same candidate that completed, or failed for a reason of its engine."""
     import optuna
 
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if t.number != exclude and t.user_attrs.get("spec_key") == key and "duplicate_of" not in t.user_attrs:
+    for t in study.get_trials(deepcopy=False):
+        if t.number == exclude or t.user_attrs.get("spec_key") != key or "duplicate_of" in t.user_attrs:
+            continue
+        if t.state == optuna.trial.TrialState.COMPLETE or (
+            t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED)
+        ):
             return t
     return None
 

@@ -237,6 +237,13 @@ def measure(
                     progress=lambda d, t, done=done: hook("measure", done + d, total),
                     timeout=window_timeout,
                 ))
+            if not any(res.succeeded for res in results):
+                if not server.is_running():
+                    raise _crashed(server)
+                raise EngineError(
+                    f"all {len(prompts) * repeats} requests failed; first: {results[0].records[0].error}",
+                    log_tail=server.log_tail(), log_path=str(log_path),
+                )
             after = fetch_counters(server.base_url)
         except TimeoutError as e:
             raise EngineTimeoutError(
@@ -249,11 +256,6 @@ def measure(
             raise
         if not server.is_running():
             raise _crashed(server)
-        if not any(res.succeeded for res in results):
-            raise EngineError(
-                f"all {len(prompts) * repeats} requests failed; first: {results[0].records[0].error}",
-                log_tail=server.log_tail(), log_path=str(log_path),
-            )
         acc = (after - before).acceptance()
         return summarize(
             results, spec=spec, engine=server.args, workload=workload,

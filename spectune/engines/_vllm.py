@@ -101,9 +101,9 @@ class VLLMServer(EngineServer):
 
     The server runs in its own process session, bound to ``args.host`` (loopback by default)
     on a free port, with its own temporary folder; its output goes to ``log_path``. It is
-    stopped by signalling its whole process group, SIGTERM then SIGKILL, and the kernel sends
-    it SIGTERM if the process that started it dies (Linux ``PR_SET_PDEATHSIG``; the starting
-    thread must outlive the server, which holds when it is started from the main thread).
+    stopped by signalling its whole process group, SIGTERM then SIGKILL. If the process that
+    started it dies, even by SIGKILL, a watchdog process (``_watchdog``) stops the group; the
+    kernel also sends the server SIGTERM then (Linux ``PR_SET_PDEATHSIG``).
     """
 
     def __init__(
@@ -130,6 +130,7 @@ class VLLMServer(EngineServer):
         self._tmpdir: str | None = None
         self._peak_rss = 0
         self._sampler: threading.Thread | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._sampling = threading.Event()
 
     # -- contract -------------------------------------------------------------------------
@@ -186,6 +187,7 @@ class VLLMServer(EngineServer):
                 start_new_session=True,
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe enough
             )
+        self._start_watchdog()
         self._start_sampler()
         self._wait_healthy(t0)
         self.startup_seconds = time.monotonic() - t0
@@ -196,6 +198,14 @@ class VLLMServer(EngineServer):
         self._sampling.set()
         if proc is not None:
             self._stop_group(proc)
+        if self._watchdog is not None:
+            with contextlib.suppress(OSError, ValueError):
+                assert self._watchdog.stdin is not None
+                self._watchdog.stdin.write(b"stop\n")
+                self._watchdog.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._watchdog.wait(timeout=5)
+            self._watchdog = None
         if self._sampler is not None:
             self._sampler.join(timeout=5)
         if self._tmpdir is not None:
@@ -226,6 +236,17 @@ class VLLMServer(EngineServer):
                         log_path=str(self.log_path),
                     )
                 time.sleep(0.5)
+
+    def _start_watchdog(self) -> None:
+        """A small process that stops the engine's group if this process dies (see _watchdog)."""
+        import sys
+
+        assert self._proc is not None
+        self._watchdog = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "spectune.engines._watchdog", str(self._proc.pid), str(self.stop_timeout)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True,
+        )
 
     def _start_sampler(self) -> None:
         import psutil
@@ -260,6 +281,7 @@ class VLLMServer(EngineServer):
         for sig, grace in ((signal.SIGTERM, self.stop_timeout), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(pgid, sig)
+                os.killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) engine must run to exit
             except ProcessLookupError:
                 break
             for p in descendants:  # any that left the group

