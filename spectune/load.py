@@ -87,6 +87,8 @@ def _request_body(prompt: Prompt, model: str, workload: WorkloadSpec) -> tuple[s
         body["seed"] = s.seed
     if s.ignore_eos:
         body["ignore_eos"] = True
+    if s.stop:
+        body["stop"] = s.stop
     if workload.api == "chat":
         messages = [m.model_dump() for m in prompt.messages] if prompt.messages else [
             {"role": "user", "content": prompt.as_text()}

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIGURE_IDS",
+    "NOTE_MARK",
+    "annotate_storage",
     "annotate_study",
     "best_config_yaml",
     "fig_acceptance_per_position",
@@ -324,12 +326,30 @@ def _note(view: StudyView) -> str:
 # -- the dashboard -------------------------------------------------------------------------------
 
 
+NOTE_MARK = "*Above: written by spectune, replaced on each update. Notes below the line are kept.*"
+"""The line that ends spectune's part of the study note; what follows it belongs to people."""
+
+
+def _merge_note(old: str, ours: str) -> str:
+    """spectune's part, then the people's part of ``old`` (all of it when spectune never wrote)."""
+    if NOTE_MARK in old:
+        theirs = old.split(NOTE_MARK, 1)[1].strip().removeprefix("---").strip()
+    else:
+        theirs = old.strip()
+    return f"{ours.rstrip()}\n\n{NOTE_MARK}\n\n---\n\n{theirs}".rstrip() + "\n"
+
+
 def annotate_study(view: StudyView) -> None:
     """Save the note (best configuration, its YAML and speedup) and the figures into the study,
-    for optuna-dashboard. Saving again replaces both. Safe to call while workers run trials."""
-    from optuna_dashboard import save_note, save_plotly_graph_object
+    for optuna-dashboard. Saving again replaces spectune's part of the note (what people wrote
+    below :data:`NOTE_MARK` is kept) and the figures. May run while workers run trials; two
+    annotations at the same moment may mix, and the next one sets it right."""
+    from optuna_dashboard import get_note, save_note, save_plotly_graph_object
 
-    save_note(view.study, _note(view))
+    old = get_note(view.study)
+    note = _merge_note(old, _note(view))
+    if note != old:
+        save_note(view.study, note)
     for key, fig in figures(view).items():
         save_plotly_graph_object(view.study, fig, graph_object_id=FIGURE_IDS[key])
 
@@ -339,17 +359,18 @@ def _is_spectune_study(study: optuna.Study) -> bool:
     return "spectune_config" in attrs or "objectives" in attrs
 
 
-def annotate_storage(url: str) -> list[str]:
+def annotate_storage(url: str, storage: optuna.storages.BaseStorage | None = None) -> list[str]:
     """Annotate every spectune study in the storage at ``url``; the names annotated.
 
-    A study that cannot be annotated (e.g. its measurements are missing) is logged and skipped.
+    ``storage`` is that storage when already open. A study that cannot be annotated (e.g. its
+    measurements are missing) is logged and skipped.
     """
     import optuna
 
     from spectune.results import StudyView
     from spectune.storage import MeasurementStore, open_optuna_storage
 
-    storage = open_optuna_storage(url)
+    storage = storage or open_optuna_storage(url)
     store = MeasurementStore(url)
     names: list[str] = []
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
@@ -392,7 +413,7 @@ def serve_dashboard(
     url = resolve_storage_url(storage)
     rdb = open_optuna_storage(url)
     if annotate:
-        annotate_storage(url)
+        annotate_storage(url, rdb)
     if host not in {"127.0.0.1", "localhost", "::1"}:
         _logger.warning("the dashboard listens on %s: anyone who reaches it can change or delete studies", host)
 
@@ -592,10 +613,10 @@ def render_html(view: StudyView) -> str:
     best_number = ctx.choice.row.number if ctx.choice is not None else None
     parts.append("<h2>Trials</h2><table id='trials'><tr>"
                  + "".join(f"<th>{e(h)}</th>" for h in _trial_header(view)) + "</tr>")
+    numeric = set(range(3, 3 + len(view.objectives) + 4))  # objectives, speedup, noise, acceptance
     for r in view.sorted_rows():
         cells = _trial_cells(view, r)
         cls = " class='best'" if r.number == best_number else ""
-        numeric = set(range(3, 3 + len(view.objectives) + 4))
         parts.append(f"<tr{cls}>" + "".join(
             f"<td class='num'>{e(c)}</td>" if i in numeric else f"<td>{e(c)}</td>"
             for i, c in enumerate(cells)) + "</tr>")

@@ -21,7 +21,7 @@ import logging
 import re
 import statistics
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -33,7 +33,7 @@ from spectune._util import StrictModel, load_yaml_file, validate
 from spectune.config import EngineArgs, Method, SpecConfig
 from spectune.errors import ConfigError, EngineError
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, spec_key
-from spectune.workloads import WorkloadSpec
+from spectune.workloads import Prompt, WorkloadFeatures, WorkloadSpec, compute_features
 
 if TYPE_CHECKING:
     import optuna
@@ -293,6 +293,8 @@ def run_study(
         study.set_metric_names([o.value for o in config.objectives])
     study.set_user_attr("spectune_config", json.loads(config.model_dump_json()))
     study.set_user_attr("objectives", [o.value for o in config.objectives])
+    if "workload_features" not in study.user_attrs:
+        study.set_user_attr("workload_features", compute_features(prompts).model_dump(mode="json"))
 
     def finished() -> list[optuna.trial.FrozenTrial]:
         # An engine failure counts as a finished trial (it is data). A trial failed by Ctrl-C, or
@@ -394,13 +396,40 @@ def run_study(
             trial.set_user_attr(k, v)
         store.record(study_name=name, trial_id=trial._trial_id, trial_number=trial.number,
                      spec_key=key, measurement=m)
+        if spec.is_baseline:  # the target's own outputs: repetition features for the models
+            study.set_user_attr("workload_features", _features_with_outputs(prompts, m).model_dump(mode="json"))
         _finish_event(hook, number, total, spec, "COMPLETE", values, None, best_so_far())
         return values if len(values) > 1 else values[0]
 
     while (remaining := total - len(finished())) > 0:
         study.optimize(objective, n_trials=remaining, catch=(EngineError,))
+    _annotate(study, store, url)
     return StudyResult(study_name=name, storage=url, **counts,
                        best=[t.number for t in study.best_trials] if _has_complete(study) else [])
+
+
+def _features_with_outputs(prompts: Sequence[Prompt], m: Measurement) -> WorkloadFeatures:
+    """Workload features with the outputs of the first window (one output per prompt)."""
+    first = m.requests[: len(prompts)]
+    ok = [(p, r) for p, r in zip(prompts, first, strict=False) if r.ok]
+    with_ids = all(r.token_ids is not None and r.prompt_token_ids is not None for _, r in ok)
+    return compute_features(
+        [p for p, _ in ok], [r.text for _, r in ok],
+        prompt_token_ids=[r.prompt_token_ids or [] for _, r in ok] if with_ids else None,
+        output_token_ids=[r.token_ids or [] for _, r in ok] if with_ids else None,
+    )
+
+
+def _annotate(study: optuna.Study, store: MeasurementStore, url: str) -> None:
+    """Note and figures for the dashboard; a study that cannot be annotated is still a result."""
+    from spectune.errors import SpectuneError
+    from spectune.report import annotate_study
+    from spectune.results import StudyView
+
+    try:
+        annotate_study(StudyView(study, store, url))
+    except SpectuneError as e:
+        _logger.warning("study %s not annotated: %s", study.study_name, e)
 
 
 def _params_key(t: optuna.trial.FrozenTrial) -> str:

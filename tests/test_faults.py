@@ -41,28 +41,23 @@ def _workload(prompts: Path, **kw: object) -> WorkloadSpec:
 
 
 def _on_window(action):  # noqa: ANN001, ANN202
-    """A server factory whose engine gets ``action(server)`` once the measured window starts."""
+    """(server factory, progress hook, traces): ``action(server)`` runs as the measured window starts."""
     traces: list[EngineTrace] = []
-    base = recording_server(traces)
+    servers: list[VLLMServer] = []
+    record = recording_server(traces)
 
     def factory(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        return base(*args, **kwargs)
+        servers.append(record(*args, **kwargs))
+        return servers[-1]
 
-    def hook_for(server_holder: list) -> object:
-        def hook(phase: str, done: int, total: int) -> None:
-            if phase == "measure" and done == 0 and server_holder and not getattr(hook, "fired", False):
-                hook.fired = True  # type: ignore[attr-defined]
-                action(server_holder[0])
-        return hook
+    fired: list[bool] = []
 
-    holder: list = []
+    def hook(phase: str, done: int, total: int) -> None:
+        if phase == "measure" and not fired:
+            fired.append(True)
+            action(servers[-1])
 
-    def capturing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        server = factory(*args, **kwargs)
-        holder.append(server)
-        return server
-
-    return capturing, hook_for(holder), traces
+    return factory, hook, traces
 
 
 # -- engine fails to start -------------------------------------------------------------------

@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO, group_is_gone, port_is_free
 from spectune.report import (
     FIGURE_IDS,
+    NOTE_MARK,
     annotate_study,
     fig_acceptance_per_position,
     fig_predicted_vs_measured,
@@ -132,12 +133,26 @@ def test_predicted_against_measured_appears_with_predictions(tmp_path: Path) -> 
     assert sorted(zip(measured.x, measured.y, strict=True)) == [(125.0, 130.0), (140.0, 120.0)]
     assert "y = x" in _names(fig)
     # a study without stored measurements still gets its note, figures and reports
-    annotate_study(view)
-    from optuna_dashboard import get_note
+    from optuna_dashboard import get_note, save_note
 
-    assert "**Best configuration:** `ngram k=2`" in get_note(view.study)
+    save_note(view.study, "baseline measured on a noisy neighbour")  # a person's note, kept
+    annotate_study(view)
+    annotate_study(view)
+    note = get_note(view.study)
+    assert "**Best configuration:** `ngram k=2`" in note
+    assert note.count(NOTE_MARK) == 1 and note.count("noisy neighbour") == 1
+    assert note.index("Best configuration") < note.index(NOTE_MARK) < note.index("noisy neighbour")
     md = write_report(view, tmp_path / "pred.md", "md").read_text()
     assert "| COMPLETE | ngram k=4 |" in md
+    # workload features, when the study carries them, are in the HTML report
+    from spectune.workloads import compute_features
+
+    feats = compute_features(["def f(x):\n    return x + x + x", "a b a b a b"], ["return x", "a b"])
+    s.set_user_attr("workload_features", feats.model_dump(mode="json"))
+    page = write_report(open_study(url, "pred"), tmp_path / "pred.html", "html").read_text()
+    assert page.count("Plotly.newPlot") == 4  # the prediction figure too
+    assert "<th>output_in_prompt_words.n2</th>" in page
+    assert "No stored measurement describes the workload." in page
 
 
 # -- reports -----------------------------------------------------------------------------------------

@@ -93,6 +93,11 @@ def test_study_of_five_trials_with_a_failing_engine_finishes(grid_study) -> None
         assert r.speedup == pytest.approx(r.values[0] / base.values[0], rel=1e-3)
     self_draft = next(r for r in view.rows if r.spec.get("method") == "draft_model")
     assert self_draft.acceptance_rate == pytest.approx(1.0)
+    # workload features, with the target's own outputs from the baseline, are stored with the study
+    feats = view.study.user_attrs["workload_features"]
+    assert feats["num_prompts"] == 4 and feats["num_outputs"] == 4
+    assert feats["output_tokens"]["mean"] > 0
+    assert 0 <= feats["output_in_prompt_tokens"]["n1"] <= 1
     # progress: one end event per trial, numbered 1..5
     ends = [e for e in events if e.kind == "trial_end"]
     assert [e.number for e in ends] == [1, 2, 3, 4, 5]

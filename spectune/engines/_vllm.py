@@ -85,11 +85,17 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# Errors that only wrap the real cause ("see root cause above"): skipped when a cause is there.
+_WRAPPERS = ("root cause above", "initialization failed", "died unexpectedly", "EngineDeadError")
+
+
 def summarize_failure(log_lines: list[str]) -> str:
-    """One line out of an engine log: the last ``SomethingError: message``, else the last line."""
-    for line in reversed(log_lines):
-        if m := _ERROR_LINE.search(line.strip()):
-            return f"{m.group(1)}: {m.group(2)}"[:400]
+    """One line out of an engine log: the last ``SomethingError: message`` that is a root cause
+    (not a wrapper such as "Engine core initialization failed"), else the last line."""
+    errors = [f"{m.group(1)}: {m.group(2)}" for line in log_lines if (m := _ERROR_LINE.search(line.strip()))]
+    causes = [e for e in errors if not any(w in e for w in _WRAPPERS)]
+    if causes or errors:
+        return (causes or errors)[-1][:400]
     for line in reversed(log_lines):
         if line.strip():
             return line.strip()[:400]

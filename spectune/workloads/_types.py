@@ -56,6 +56,7 @@ class Sampling(StrictModel):
     ignore_eos: bool = Field(
         default=False, description="Generate max_tokens every time (vLLM extension)."
     )
+    stop: list[str] | None = Field(default=None, description="Stop sequences.")
 
 
 class WorkloadSpec(StrictModel):
