@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -45,16 +44,13 @@ class _Sentinel(Exception):
 
 
 @pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyModels, float]:
-    """One real build for the whole module, and how long it took."""
-    t0 = time.perf_counter()
-    models = build_tiny(tmp_path_factory.mktemp("tiny") / "models")
-    return models, time.perf_counter() - t0
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyModels, None]:
+    """One real build for the whole module."""
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "models"), None
 
 
 def test_build_tiny_writes_target_and_draft_sharing_one_tokenizer(tiny_pair):
-    models, seconds = tiny_pair
-    assert seconds < 120, f"build took {seconds:.0f}s"
+    models, _ = tiny_pair
     assert models.target.parent == models.draft.parent
     for folder in (models.target, models.draft):
         for name in ("config.json", "model.safetensors", "generation_config.json", TINY_MARKER,
@@ -97,9 +93,7 @@ def test_build_tiny_second_call_does_not_rebuild(tiny_pair, monkeypatch):
         raise _Sentinel("rebuilt although the models were there")
 
     monkeypatch.setattr(ckpt, "_build_tiny_into", no_build)
-    t0 = time.perf_counter()
-    again = build_tiny(models.target.parent)
-    assert time.perf_counter() - t0 < 1.0
+    again = build_tiny(models.target.parent)  # no_build would raise if it rebuilt
     assert again == models
     assert {f: (f / TINY_MARKER).stat().st_mtime_ns for f in before} == before
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -10,31 +11,36 @@ import pytest
 from spectune.checkpoints import prepare_smollm2
 from spectune.config import EngineArgs, SpecConfig
 from spectune.trial import measure
-from spectune.workloads import WorkloadSpec, load_prompts
+from spectune.workloads import ChatMessage, Prompt, WorkloadSpec, load_prompts
 
 pytestmark = pytest.mark.engine
 
-HUMANEVAL_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint("]  # the API takes 4 at most
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|$)", re.DOTALL)
 
 
 def test_prepared_smollm2_completes_a_humaneval_prompt_with_python(tmp_path: Path) -> None:
     model = prepare_smollm2()
     assert (model / "config.json").is_file() and (model / "tokenizer.json").is_file()
     wl = WorkloadSpec.model_validate({
-        "source": "humaneval", "num_prompts": 2, "seed": 0, "warmup_requests": 0,
-        "sampling": {"temperature": 0.0, "max_tokens": 160, "stop": HUMANEVAL_STOP},
+        "source": "humaneval", "num_prompts": 3, "seed": 0, "warmup_requests": 0, "api": "chat",
+        "sampling": {"temperature": 0.0, "max_tokens": 256},
     })
-    prompts = load_prompts(wl)
+    humaneval = load_prompts(wl)
+    # the instruct model, asked through its chat template, answers with a code block
+    prompts = [Prompt(id=p.id, messages=[ChatMessage(
+        role="user", content=f"Complete this Python function.\n```python\n{p.as_text()}```")]) for p in humaneval]
     m = measure(EngineArgs(model=str(model), max_model_len=2048), SpecConfig(), wl, prompts,
                 log_dir=tmp_path, startup_timeout=600)
     assert m.num_failed == 0 and m.engine.dtype == "bfloat16"
-    parsed = 0
-    for prompt, req in zip(prompts, m.requests, strict=True):
+    parsed = []
+    for req in m.requests:
         assert req.output_tokens and req.text.strip()
-        code = prompt.as_text() + req.text
-        try:
-            ast.parse(code)
-        except SyntaxError:
-            continue
-        parsed += 1
-    assert parsed >= 1, [r.text for r in m.requests]
+        for block in _CODE_BLOCK.findall(req.text):
+            try:
+                tree = ast.parse(block)
+            except SyntaxError:
+                continue
+            if any(isinstance(node, ast.FunctionDef) for node in ast.walk(tree)):
+                parsed.append(req.prompt_id)
+                break
+    assert parsed, [r.text for r in m.requests]
