@@ -110,3 +110,58 @@ def assert_engine_gone(trace: EngineTrace) -> None:
     alive = [p for p in trace.descendants if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"engine children still alive: {alive}"
     assert port_is_free(trace.port), f"port {trace.port} still taken"
+
+
+GRID_SPACE = """
+methods:
+  none: {}
+  mlp_speculator:                # a Llama checkpoint is no MLP speculator: vLLM refuses to start
+    models: ["${target}"]
+    num_speculative_tokens: 2
+  ngram:
+    num_speculative_tokens: [2, 3]
+    prompt_lookup_max: 3
+    prompt_lookup_min: 1
+  draft_model:
+    models: ["${target}"]
+    num_speculative_tokens: 2
+"""
+
+
+@dataclass
+class GridStudy:
+    """A real study shared by the study and report tests: five candidates, one failing."""
+
+    config: object
+    result: object
+    events: list
+
+
+def study_config(tmp: Path, target: Path, prompts: Path, space: str, name: str, trials: int, **kw: object):  # noqa: ANN201
+    """A small StudyConfig for tests: grid sampler, one window, tiny workload, float32."""
+    from spectune.study import StudyConfig
+
+    (tmp / "space.yaml").write_text(space)
+    data = {
+        "target": str(target), "space": str(tmp / "space.yaml"), "trials": trials,
+        "storage": f"sqlite:///{tmp / 'study.db'}", "study_name": name, "sampler": "grid", "repeats": 1,
+        "engine": {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20,
+                   "enforce_eager": True, "seed": 0},
+        "workload": {"source": str(prompts), "num_prompts": 4, "concurrency": 2,
+                     "sampling": {"max_tokens": 32, "temperature": 0.0}},
+        "log_dir": str(tmp / "logs"), "startup_timeout": 300,
+    }
+    data.update(kw)
+    return StudyConfig.model_validate(data)
+
+
+@pytest.fixture(scope="session")
+def grid_study(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> GridStudy:
+    """Run once a session; tests that change a study work on a copy of its database."""
+    from spectune.study import run_study
+
+    tmp = tmp_path_factory.mktemp("grid-study")
+    cfg = study_config(tmp, tiny_models.target, repetitive_prompts, GRID_SPACE, "grid", trials=5)
+    events: list = []
+    result = run_study(cfg, progress=events.append)
+    return GridStudy(config=cfg, result=result, events=events)

@@ -21,7 +21,14 @@ import psutil
 import pytest
 import yaml
 
-from conftest import EngineTrace, assert_engine_gone, group_is_gone, recording_server, tiny_engine_args
+from conftest import (
+    EngineTrace,
+    assert_engine_gone,
+    group_is_gone,
+    recording_server,
+    study_config,
+    tiny_engine_args,
+)
 from spectune._util import atomic_write_text
 from spectune.config import Method, SpecConfig
 from spectune.engines import Platform, VLLMServer
@@ -158,17 +165,10 @@ def test_engine_binds_loopback_unless_asked(tmp_path: Path) -> None:
 
 # -- spectune itself dies ----------------------------------------------------------------------
 
-def _study_files(tmp: Path, target: str, prompts: Path, space: str, platform_cmd: list[str] | None = None) -> list[str]:
-    (tmp / "space.yaml").write_text(space)
-    cfg = {
-        "target": target, "space": str(tmp / "space.yaml"), "trials": 1, "repeats": 1,
-        "storage": f"sqlite:///{tmp / 'study.db'}", "study_name": "dies", "sampler": "grid",
-        "engine": {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20,
-                   "enforce_eager": True},
-        "workload": {"source": str(prompts), "num_prompts": 2, "sampling": {"max_tokens": 16}},
-        "log_dir": str(tmp / "logs"), "heartbeat_interval": 1, "grace_period": 3,
-    }
-    (tmp / "study.yaml").write_text(yaml.safe_dump(cfg))
+def _study_files(tmp: Path, target: str, prompts: Path, space: str) -> list[str]:
+    cfg = study_config(tmp, Path(target), prompts, space, "dies", trials=1, heartbeat_interval=1, grace_period=3,
+                       workload={"source": str(prompts), "num_prompts": 2, "sampling": {"max_tokens": 16}})
+    (tmp / "study.yaml").write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
     return [sys.executable, "-m", "spectune.cli", "optimize", "--config", str(tmp / "study.yaml")]
 
 

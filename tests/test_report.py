@@ -32,43 +32,16 @@ from spectune.report import (
     write_report,
 )
 from spectune.results import StudyView, open_study
-from spectune.study import StudyConfig, run_study
 
 pytestmark = pytest.mark.engine
 
 ARTIFACTS = REPO / "test-artifacts"
 
-SPACE = """
-methods:
-  none: {}
-  ngram:
-    num_speculative_tokens: [2, 3]
-    prompt_lookup_max: 3
-    prompt_lookup_min: 1
-  draft_model:
-    models: ["${target}"]
-    num_speculative_tokens: 2
-"""
-
-
 @pytest.fixture(scope="module")
-def study(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> StudyView:
-    """A real grid study of four trials: baseline, ngram k=2 and k=3, the target as its own draft."""
-    tmp = tmp_path_factory.mktemp("report-study")
-    space = tmp / "space.yaml"
-    space.write_text(SPACE)
-    cfg = StudyConfig.model_validate({
-        "target": str(tiny_models.target), "space": str(space), "trials": 4, "sampler": "grid",
-        "repeats": 1, "study_name": "report-grid", "storage": f"sqlite:///{tmp / 'study.db'}",
-        "engine": {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20,
-                   "enforce_eager": True, "seed": 0},
-        "workload": {"source": str(repetitive_prompts), "num_prompts": 4, "concurrency": 2,
-                     "sampling": {"max_tokens": 32, "temperature": 0.0}},
-        "log_dir": str(tmp / "logs"), "startup_timeout": 300,
-    })
-    result = run_study(cfg)
-    assert (result.measured, result.failed) == (4, 0)
-    return open_study(cfg.storage, "report-grid")
+def study(grid_study) -> StudyView:
+    """The session's real grid study: baseline, a failing candidate, ngram k=2 and k=3, self-draft."""
+    assert (grid_study.result.measured, grid_study.result.failed) == (4, 1)
+    return open_study(grid_study.config.storage, "grid")
 
 
 def _names(fig) -> list[str]:  # noqa: ANN001
@@ -160,7 +133,7 @@ def test_predicted_against_measured_appears_with_predictions(tmp_path: Path) -> 
 
 def test_html_and_markdown_reports(study: StudyView, tmp_path: Path) -> None:
     page = write_report(study, tmp_path / "report.html", "html").read_text()
-    assert "report-grid" in page
+    assert "grid" in page
     for r in study.rows:
         assert f"<td>{html.escape(r.label)}</td>" in page
     assert page.count("Plotly.newPlot") == 3  # three figures, no prediction figure
@@ -178,7 +151,7 @@ def test_html_and_markdown_reports(study: StudyView, tmp_path: Path) -> None:
     # the command: a file, exit 0; a bad format, one line and exit 2
     out = tmp_path / "cli.md"
     proc = subprocess.run([sys.executable, "-m", "spectune.cli", "report", "--storage", study.url,
-                           "--study", "report-grid", "-o", str(out)], capture_output=True, text=True,
+                           "--study", "grid", "-o", str(out)], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert best in out.read_text()
@@ -269,11 +242,11 @@ def test_dashboard_serves_the_annotated_study_and_a_browser_draws_it(study: Stud
                 assert time.monotonic() < deadline, f"the dashboard never answered: {log.read_text()[-2000:]}"
                 time.sleep(0.5)
         assert f"optuna-dashboard at {base}/dashboard" in log.read_text()
-        study_id = next(s["study_id"] for s in summaries if s["study_name"] == "report-grid")
+        study_id = next(s["study_id"] for s in summaries if s["study_name"] == "grid")
         detail = _get_json(f"{base}/api/studies/{study_id}")
-        assert detail["name"] == "report-grid"
+        assert detail["name"] == "grid"
         assert detail["objective_names"] == ["output_throughput"]
-        assert len(detail["trials"]) == 4
+        assert len(detail["trials"]) == 5
         note = detail["note"]["body"]
         choice = study.best()
         assert "**Best configuration:**" in note and choice.row.label in note
@@ -290,7 +263,7 @@ def test_dashboard_serves_the_annotated_study_and_a_browser_draws_it(study: Stud
         profile = tmp_path / "chromium"
         page = f"{base}/dashboard/studies/{study_id}"
         dom = _browse(page, profile)
-        assert "report-grid" in dom
+        assert "grid" in dom
         assert 'class="main-svg"' in dom, "no plot was drawn on the dashboard page"
         assert "Acceptance per draft position" in dom and "Throughput against latency" in dom
         note_dom = _browse(f"{page}/note", profile)
@@ -315,7 +288,7 @@ def test_html_report_draws_offline_in_a_browser(study: StudyView, tmp_path: Path
     report = write_report(study, ARTIFACTS / "report.html", "html")
     profile = tmp_path / "chromium"
     dom = _browse(report.as_uri(), profile)
-    assert "spectune report: <span id=\"study-name\">report-grid</span>" in dom
+    assert "spectune report: <span id=\"study-name\">grid</span>" in dom
     assert dom.count('class="main-svg"') >= 3, "the report's plots were not drawn"
     for r in study.rows:
         assert r.label in dom

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,17 +16,13 @@ import psutil
 import pytest
 import yaml
 
-from conftest import group_is_gone
+from conftest import group_is_gone, study_config
 from spectune.export import export_best, vllm_config
 from spectune.results import open_study
 from spectune.storage import MeasurementStore
-from spectune.study import StudyConfig, load_study_config, run_study
+from spectune.study import load_study_config, run_study
 
 pytestmark = pytest.mark.engine
-
-ENGINE = {"dtype": "float32", "max_model_len": 512, "kv_cache_memory_bytes": 64 * 2**20,
-          "enforce_eager": True, "seed": 0}
-
 
 def _space(tmp: Path, body: str) -> Path:
     path = tmp / "space.yaml"
@@ -33,45 +30,8 @@ def _space(tmp: Path, body: str) -> Path:
     return path
 
 
-def _config(tmp: Path, target: Path, prompts: Path, space: Path, name: str, trials: int, **kw: object) -> StudyConfig:
-    data = {
-        "target": str(target), "engine": ENGINE, "space": str(space), "trials": trials,
-        "storage": f"sqlite:///{tmp / 'study.db'}", "study_name": name, "sampler": "grid", "repeats": 1,
-        "workload": {"source": str(prompts), "num_prompts": 4, "concurrency": 2,
-                     "sampling": {"max_tokens": 32, "temperature": 0.0}},
-        "log_dir": str(tmp / "logs"), "startup_timeout": 300,
-    }
-    data.update(kw)
-    return StudyConfig.model_validate(data)
-
-
-GRID = """
-methods:
-  none: {}
-  mlp_speculator:                # a Llama checkpoint is no MLP speculator: vLLM refuses to start
-    models: ["${target}"]
-    num_speculative_tokens: 2
-  ngram:
-    num_speculative_tokens: [2, 3]
-    prompt_lookup_max: 3
-    prompt_lookup_min: 1
-  draft_model:
-    models: ["${target}"]
-    num_speculative_tokens: 2
-"""
-
-
-@pytest.fixture(scope="module")
-def grid_study(tiny_models, repetitive_prompts: Path, tmp_path_factory):  # noqa: ANN201
-    tmp = tmp_path_factory.mktemp("study")
-    cfg = _config(tmp, tiny_models.target, repetitive_prompts, _space(tmp, GRID), "grid", trials=5)
-    events = []
-    result = run_study(cfg, progress=events.append)
-    return cfg, result, events, tmp
-
-
 def test_study_of_five_trials_with_a_failing_engine_finishes(grid_study) -> None:
-    cfg, result, events, _ = grid_study
+    cfg, result, events = grid_study.config, grid_study.result, grid_study.events
     assert (result.measured, result.failed, result.reused) == (4, 1, 0)
     view = open_study(cfg.storage, "grid")
     states = {r.label: r.state for r in view.rows}
@@ -103,8 +63,9 @@ def test_study_of_five_trials_with_a_failing_engine_finishes(grid_study) -> None
     assert [e.number for e in ends] == [1, 2, 3, 4, 5]
 
 
-def test_running_again_measures_nothing_twice(grid_study) -> None:
-    cfg, _, _, _ = grid_study
+def test_running_again_measures_nothing_twice(grid_study, tmp_path: Path) -> None:
+    shutil.copy(grid_study.config.storage.removeprefix("sqlite:///"), tmp_path / "copy.db")
+    cfg = grid_study.config.model_copy(update={"storage": f"sqlite:///{tmp_path / 'copy.db'}"})
     again = run_study(cfg)
     assert (again.measured, again.failed) == (0, 0)
     more = run_study(cfg.model_copy(update={"trials": 7}))
@@ -122,7 +83,7 @@ def test_export_is_accepted_by_vllms_own_parser(grid_study, tmp_path: Path) -> N
     except ImportError:
         from vllm.entrypoints.openai.cli_args import make_arg_parser
 
-    cfg, _, _, _ = grid_study
+    cfg = grid_study.config
     view = open_study(cfg.storage, "grid")
     out = tmp_path / "best.yaml"
     result = export_best(view, out)
@@ -153,7 +114,7 @@ def test_export_is_accepted_by_vllms_own_parser(grid_study, tmp_path: Path) -> N
 def test_ctrl_c_stops_the_engine_and_the_next_run_resumes(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
     space = _space(tmp_path, "methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: 2\n"
                              "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
-    cfg = _config(tmp_path, tiny_models.target, repetitive_prompts, space, "interrupt", trials=2)
+    cfg = study_config(tmp_path, tiny_models.target, repetitive_prompts, space.read_text(), "interrupt", trials=2)
     cfg_file = tmp_path / "study.yaml"
     cfg_file.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
     cmd = [sys.executable, "-m", "spectune.cli", "optimize", "--config", str(cfg_file)]
