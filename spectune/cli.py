@@ -215,6 +215,24 @@ def report(
     typer.echo(f"wrote {path}")
 
 
+@app.command()
+def predict(
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
+    top: Annotated[int, typer.Option(min=1, help="Show the best N predictions.")] = 10,
+) -> None:
+    """Rank the space's unmeasured candidates by predicted objective, with intervals and their source."""
+    from rich.console import Console
+
+    from spectune.predict import predict_study, predictions_table
+    from spectune.results import open_study
+
+    view = open_study(storage, study)
+    predictions = predict_study(view)
+    title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
+    Console().print(predictions_table(predictions[:top], title=title))
+
+
 @workloads_app.command("list")
 def workloads_list() -> None:
     """Shipped prompt sets, read offline from installed packages, with their counts."""

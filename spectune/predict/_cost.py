@@ -1,0 +1,203 @@
+"""Cost model: time per output token of a candidate, from measured trials of the same hardware.
+
+A decode step with a proposer drafting ``k`` tokens costs ``t0 * (1 + c * k)``, where ``t0`` is
+one step of the target alone and ``c`` the cost of one drafted (and verified) token relative
+to it (Leviathan et al. 2023, section 3.4). A step yields ``E`` tokens on average (acceptance,
+:class:`~spectune.predict.AcceptanceProfile.tokens_per_step`), so::
+
+    TPOT(k, proposer) = t0 * (1 + c * k) / E
+
+``t0`` is the baseline's median TPOT. ``c`` is fitted per proposer (method and draft model,
+falling back to the method with other models) by least squares over its measured trials, with
+``E`` from each trial's own counters; its interval spans the per-trial estimates of ``c``
+widened by the relative noise of one measurement. A proposer never measured gets the prior
+:data:`COST_PRIORS`, with the interval ``[c/3, 3c]``.
+
+Output throughput at the study's concurrency is predicted as
+``baseline_throughput * t0 / TPOT``: at a fixed number of requests in flight, throughput is
+inversely proportional to the time per output token, as long as the prefill's share of the
+time does not change (speculation does not touch the prefill).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from spectune.config import Method, SpecConfig
+from spectune.errors import ConfigError
+from spectune.predict._measured import effective_k, measured_profile
+
+if TYPE_CHECKING:
+    from spectune.trial import Measurement
+
+__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model"]
+
+COST_PRIORS: Mapping[Method, float] = {
+    # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
+    Method.NGRAM: 0.05,
+    Method.SUFFIX: 0.05,
+    # A separate draft model runs k forward passes: a small draft is some tenths of the target.
+    Method.DRAFT_MODEL: 0.3,
+    # Heads on the target's hidden states: one light layer per drafted token.
+    Method.EAGLE: 0.1,
+    Method.EAGLE3: 0.1,
+    Method.MTP: 0.1,
+    Method.MLP_SPECULATOR: 0.1,
+    Method.MEDUSA: 0.05,
+}
+"""Prior ``c`` per method, used until the study has measured that method. Rough published orders
+of magnitude (Leviathan et al. 2023 report c <= 0.05 for T5-small drafting for T5-XXL; separate
+drafts at a tenth of the target's size, and heads, sit around 0.1-0.3), not measurements."""
+
+PRIOR_SPREAD = 3.0
+"""A prior ``c`` is believed within a factor of this either way."""
+
+REL_NOISE = 0.02
+"""Relative noise of one measured TPOT (as :data:`spectune.results.NOISE_FLOOR`)."""
+
+
+@dataclass(frozen=True)
+class CostPoint:
+    """One measured speculative trial, reduced to what the cost model fits."""
+
+    method: Method
+    model: str | None
+    k: int
+    tpot_ms: float
+    tokens_per_step: float
+    label: str = ""
+
+    @classmethod
+    def from_measurement(cls, m: Measurement) -> CostPoint | None:
+        """The point of a speculative measurement; None for the baseline or without TPOT or counters."""
+        spec = m.spec
+        profile = measured_profile(m)
+        k = effective_k(spec)
+        if spec.is_baseline or profile is None or m.tpot_ms.median is None or not k:
+            return None
+        return cls(spec.method, spec.model, k, m.tpot_ms.median, profile.tokens_per_step, spec.label())
+
+
+@dataclass(frozen=True)
+class ProposerCost:
+    """``c`` of one proposer: estimate, interval, how many trials it rests on, where it comes from
+    (``fit``: this proposer's trials; ``fit-method``: the method's trials with other models;
+    ``prior``: :data:`COST_PRIORS`)."""
+
+    c: float
+    low: float
+    high: float
+    n: int
+    source: str
+
+
+def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") -> ProposerCost:
+    """Least-squares ``c`` of ``TPOT = t0 (1 + c k) / E`` over ``points`` (all of one proposer).
+
+    Linear in ``c``: with ``x = t0 k / E`` and ``y = TPOT - t0 / E``, ``c = sum(xy) / sum(xx)``.
+    The interval spans the per-point estimates ``(TPOT E / t0 - 1) / k``, each widened by
+    :data:`REL_NOISE` of its TPOT.
+
+    Raises:
+        ValueError: no points, or ``t0 <= 0``.
+    """
+    if not points:
+        raise ValueError("no measured trials to fit c on")
+    if t0_ms <= 0:
+        raise ValueError(f"baseline TPOT must be > 0, got {t0_ms}")
+    xs = [t0_ms * p.k / p.tokens_per_step for p in points]
+    ys = [p.tpot_ms - t0_ms / p.tokens_per_step for p in points]
+    c = math.fsum(x * y for x, y in zip(xs, ys, strict=True)) / math.fsum(x * x for x in xs)
+    each = [(p.tpot_ms * p.tokens_per_step / t0_ms - 1.0) / p.k for p in points]
+    widen = [REL_NOISE * p.tpot_ms * p.tokens_per_step / t0_ms / p.k for p in points]
+    low = min(min(e - w for e, w in zip(each, widen, strict=True)), c)
+    high = max(max(e + w for e, w in zip(each, widen, strict=True)), c)
+    return ProposerCost(c=c, low=low, high=high, n=len(points), source=source)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A predicted value and its interval."""
+
+    value: float
+    low: float
+    high: float
+
+
+@dataclass
+class CostModel:
+    """``t0`` and the baseline throughput, and ``c`` per proposer; see the module docstring.
+
+    Build with :func:`fit_cost_model`.
+    """
+
+    t0_ms: float
+    baseline_throughput: float
+    proposers: dict[tuple[Method, str | None], ProposerCost] = field(default_factory=dict)
+    methods: dict[Method, ProposerCost] = field(default_factory=dict)
+    priors: Mapping[Method, float] = field(default_factory=lambda: dict(COST_PRIORS))
+
+    def cost(self, spec: SpecConfig) -> ProposerCost:
+        """``c`` of the candidate's proposer: its own fit, else its method's, else the prior.
+
+        Raises:
+            ConfigError: a method with neither measurements nor a prior (the baseline).
+        """
+        if (spec.method, spec.model) in self.proposers:
+            return self.proposers[(spec.method, spec.model)]
+        if spec.method in self.methods:
+            fitted = self.methods[spec.method]
+            return ProposerCost(fitted.c, fitted.low, fitted.high, fitted.n, "fit-method")
+        if spec.method not in self.priors:
+            raise ConfigError(f"no cost known for method {spec.method}")
+        c = self.priors[spec.method]
+        return ProposerCost(c, c / PRIOR_SPREAD, c * PRIOR_SPREAD, 0, "prior")
+
+    def tpot_ms(self, k: int, c: float, tokens_per_step: float) -> float:
+        """``t0 (1 + c k) / E``."""
+        return self.t0_ms * (1.0 + c * k) / tokens_per_step
+
+    def predict_tpot(self, spec: SpecConfig, tokens_per_step: Estimate) -> Estimate:
+        """TPOT of ``spec`` given its tokens per step (an interval): low from the cheapest ``c``
+        and most tokens, high from the dearest ``c`` and fewest."""
+        cost = self.cost(spec)
+        k = effective_k(spec) or 1  # a proposer whose own config sets k: assume one token
+        return Estimate(
+            self.tpot_ms(k, cost.c, tokens_per_step.value),
+            self.tpot_ms(k, max(cost.low, 0.0), tokens_per_step.high),
+            self.tpot_ms(k, cost.high, tokens_per_step.low),
+        )
+
+    def throughput(self, tpot_ms: float) -> float:
+        """Output throughput at the study's concurrency for a TPOT (see the module docstring)."""
+        return self.baseline_throughput * self.t0_ms / tpot_ms
+
+
+def fit_cost_model(
+    t0_ms: float,
+    baseline_throughput: float,
+    points: Iterable[CostPoint],
+    *,
+    priors: Mapping[Method, float] = COST_PRIORS,
+) -> CostModel:
+    """Fit ``c`` per proposer and per method on measured trials (``points``) of one study.
+
+    Raises:
+        ValueError: ``t0 <= 0`` or ``baseline_throughput <= 0``.
+    """
+    if t0_ms <= 0 or baseline_throughput <= 0:
+        raise ValueError(f"the baseline needs TPOT > 0 and throughput > 0, got {t0_ms}, {baseline_throughput}")
+    pts = [p for p in points if p.k >= 1 and p.tokens_per_step > 0 and p.tpot_ms > 0]
+    model = CostModel(t0_ms, baseline_throughput, priors=dict(priors))
+    by_proposer: dict[tuple[Method, str | None], list[CostPoint]] = {}
+    by_method: dict[Method, list[CostPoint]] = {}
+    for p in pts:
+        by_proposer.setdefault((p.method, p.model), []).append(p)
+        by_method.setdefault(p.method, []).append(p)
+    model.proposers = {key: fit_cost(t0_ms, group) for key, group in by_proposer.items()}
+    model.methods = {key: fit_cost(t0_ms, group) for key, group in by_method.items()}
+    return model
+

@@ -1,0 +1,290 @@
+"""Ranking the candidates of a study that have not been measured, by predicted objective.
+
+Acceptance of each candidate comes from the best source there is, named in
+:attr:`Prediction.source`:
+
+- ``replay``: n-gram (and suffix, with arctic_inference installed) candidates, replayed exactly
+  over the baseline's recorded token ids (:func:`~spectune.predict.replay_ngram`);
+- ``truncation``: the same proposer measured at a larger ``k``: its per-position acceptance cut
+  to ``k`` (:func:`~spectune.predict.expected_tokens_per_step`);
+- ``extrapolation``: the same proposer measured only at a smaller ``k``: the positions beyond
+  continue with the last measured conditional acceptance (interval: from "nothing more
+  accepted" to "everything that reached the last position accepted");
+- ``prior``: nothing measured: Leviathan's constant-alpha formula with :data:`PRIOR_ALPHA`.
+
+Cost from :class:`~spectune.predict.CostModel` (fitted on the study's measured trials).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spectune.config import Method, SpecConfig
+from spectune.errors import ConfigError
+from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
+from spectune.predict._cost import CostModel, CostPoint, Estimate, fit_cost_model
+from spectune.predict._measured import (
+    accepted_sd,
+    effective_k,
+    lookup_window,
+    measured_profile,
+    proposer_of,
+    suffix_params,
+)
+from spectune.predict._replay import ReplayAcceptance, replay_ngram, replay_suffix, suffix_available
+
+if TYPE_CHECKING:
+    from spectune.results import StudyView
+    from spectune.trial import Measurement
+
+__all__ = ["PRIOR_ALPHA", "Prediction", "predict_candidates", "predict_study"]
+
+_logger = logging.getLogger(__name__)
+
+PRIOR_ALPHA: dict[Method, float] = {
+    Method.NGRAM: 0.3,
+    Method.SUFFIX: 0.4,
+    Method.DRAFT_MODEL: 0.6,
+    Method.EAGLE: 0.6,
+    Method.EAGLE3: 0.7,
+    Method.MTP: 0.7,
+    Method.MLP_SPECULATOR: 0.5,
+    Method.MEDUSA: 0.5,
+}
+"""Constant per-token acceptance assumed for a proposer with nothing measured (orders of
+magnitude from published chat benchmarks; a placeholder until the study measures it)."""
+
+PRIOR_ALPHA_SPREAD = 0.2
+"""A prior alpha is believed within this much either way (clipped to [0, 0.99])."""
+
+_OBJECTIVES = ("output_throughput", "tpot_median_ms", "tpot_p99_ms", "ttft_p99_ms", "e2el_median_ms", "e2el_p99_ms")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What one unmeasured candidate is predicted to do, with intervals and their sources.
+
+    ``value`` is the study's first objective; ``source`` says where acceptance comes from
+    (replay, truncation, extrapolation, prior) and ``cost_source`` where ``c`` does (fit,
+    fit-method, prior).
+    """
+
+    label: str
+    spec: SpecConfig
+    source: str
+    acceptance_rate: float
+    mean_acceptance_length: float
+    tokens_per_step: Estimate
+    tpot_ms: Estimate
+    output_throughput: Estimate
+    objective: str
+    value: Estimate
+    cost_source: str
+    note: str = ""
+
+
+# -- acceptance of one candidate --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Accept:
+    source: str
+    profile: AcceptanceProfile
+    tokens: Estimate
+    note: str = ""
+
+
+def _exact(source: str, profile: AcceptanceProfile, note: str = "") -> _Accept:
+    e = profile.tokens_per_step
+    return _Accept(source, profile, Estimate(e, e, e), note)
+
+
+def _replay(spec: SpecConfig, baseline: Measurement) -> ReplayAcceptance | None:
+    has_ids = any(r.ok and r.token_ids and r.prompt_token_ids is not None for r in baseline.requests)
+    if not has_ids:
+        return None
+    k = effective_k(spec)
+    max_len = baseline.engine.max_model_len
+    if spec.method is Method.NGRAM and k:
+        lo, hi = lookup_window(spec)
+        return replay_ngram(baseline.requests, k, lo, hi, max_model_len=max_len)
+    if spec.method is Method.SUFFIX and suffix_available():
+        p = suffix_params(spec)
+        return replay_suffix(
+            baseline.requests, k, max_tree_depth=int(p["suffix_decoding_max_tree_depth"]),
+            max_cached_requests=int(p["suffix_decoding_max_cached_requests"]),
+            max_spec_factor=float(p["suffix_decoding_max_spec_factor"]),
+            min_token_prob=float(p["suffix_decoding_min_token_prob"]), max_model_len=max_len,
+        )
+    return None
+
+
+def _from_measured(spec: SpecConfig, k: int, measured: Sequence[Measurement]) -> _Accept | None:
+    """Truncation from the same proposer at a larger k, else extrapolation from a smaller one."""
+    same = proposer_of(spec)
+    found: list[tuple[int, AcceptanceProfile, int]] = []
+    for m in measured:
+        mk = effective_k(m.spec)
+        profile = measured_profile(m)
+        if mk is None or profile is None or proposer_of(m.spec) != same or not profile.per_position:
+            continue
+        found.append((len(profile.per_position), profile, m.acceptance.num_drafts if m.acceptance else 0))
+    larger = [f for f in found if f[0] >= k]
+    if larger:
+        # the smallest measured K that covers k: its steps fall most like the candidate's
+        _, profile, drafts = min(larger, key=lambda f: (f[0], -f[2]))
+        cut = profile.truncated(k)
+        spread = 2.0 * accepted_sd(cut, drafts) * cut.draft_share
+        e = cut.tokens_per_step
+        return _Accept("truncation", cut, Estimate(e, max(1.0, e - spread), e + spread))
+    if found:
+        kk, profile, _ = max(found, key=lambda f: (f[0], f[2]))
+        pp = list(profile.per_position)
+        ratio = conditional_acceptance(pp)[-1]
+        tail = [pp[-1] * ratio ** (i + 1) for i in range(k - kk)]
+        ext = AcceptanceProfile(tuple(pp + tail), profile.draft_share, None)
+        flat = AcceptanceProfile(tuple(pp + [pp[-1]] * (k - kk)), profile.draft_share, None)
+        return _Accept("extrapolation", ext, Estimate(ext.tokens_per_step, profile.tokens_per_step,
+                                                      flat.tokens_per_step),
+                       f"measured up to k={kk}")
+    return None
+
+
+def _prior(spec: SpecConfig, k: int) -> _Accept:
+    alpha = PRIOR_ALPHA.get(spec.method, 0.5)
+    lo, hi = max(0.0, alpha - PRIOR_ALPHA_SPREAD), min(0.99, alpha + PRIOR_ALPHA_SPREAD)
+    profile = AcceptanceProfile.leviathan(alpha, k)
+    return _Accept("prior", profile, Estimate(profile.tokens_per_step, AcceptanceProfile.leviathan(lo, k).tokens_per_step,
+                                              AcceptanceProfile.leviathan(hi, k).tokens_per_step),
+                   f"alpha={alpha:g} assumed")
+
+
+def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Measurement],
+                replays: dict[str, ReplayAcceptance | None]) -> _Accept:
+    k = effective_k(spec) or 1
+    if spec.method in (Method.NGRAM, Method.SUFFIX):
+        key = spec.model_dump_json()
+        if key not in replays:
+            replays[key] = _replay(spec, baseline)
+        rep = replays[key]
+        if rep is not None:
+            note = f"{rep.num_drafts} drafts over {rep.num_requests} requests"
+            if baseline.workload.sampling.temperature > 0:
+                note += "; temperature > 0: approximate"
+            return _exact("replay", rep.profile(), note)
+    return _from_measured(spec, k, measured) or _prior(spec, k)
+
+
+# -- objectives ---------------------------------------------------------------------------------
+
+
+def _objective_scaler(objective: str, baseline: Measurement) -> tuple[float, Callable[[float], float]]:
+    """The baseline's value of ``objective`` and how it moves with ``ratio = TPOT / t0``.
+
+    Throughput goes as ``1 / ratio``; TPOT percentiles as ``ratio``; TTFT does not move
+    (speculation leaves the prefill alone); end-to-end latency moves on its decode share
+    (``1 - TTFT / E2EL`` of the baseline's medians).
+    """
+    from spectune.study import Objective
+
+    if objective not in _OBJECTIVES:
+        raise ConfigError(f"cannot predict objective {objective!r} (known: {', '.join(_OBJECTIVES)})")
+    base = Objective(objective).of(baseline)
+    if objective == "output_throughput":
+        return base, lambda r: base / r
+    if objective.startswith("tpot"):
+        return base, lambda r: base * r
+    if objective.startswith("ttft"):
+        return base, lambda r: base
+    ttft, e2el = baseline.ttft_ms.median, baseline.e2el_ms.median
+    share = 1.0 - ttft / e2el if ttft is not None and e2el else 1.0
+    return base, lambda r: base * (1.0 - share + share * r)
+
+
+def predict_candidates(
+    candidates: Sequence[SpecConfig],
+    baseline: Measurement,
+    measured: Sequence[Measurement],
+    *,
+    objective: str = "output_throughput",
+    maximize: bool = True,
+) -> list[Prediction]:
+    """Predict each of ``candidates`` from the baseline and the measured trials; best first.
+
+    ``measured`` are the study's speculative measurements (the cost model is fitted on them and
+    truncation reads them). Baseline candidates are skipped.
+
+    Raises:
+        ConfigError: the baseline has no TPOT or throughput, or the objective is unknown.
+    """
+    t0 = baseline.tpot_ms.median
+    if t0 is None or t0 <= 0 or baseline.output_throughput <= 0:
+        raise ConfigError("the baseline measurement has no TPOT or throughput to predict from")
+    cost = fit_cost_model(t0, baseline.output_throughput,
+                          [p for m in measured if (p := CostPoint.from_measurement(m)) is not None])
+    base_value, scale = _objective_scaler(objective, baseline)
+    replays: dict[str, ReplayAcceptance | None] = {}
+    out: list[Prediction] = []
+    for spec in candidates:
+        if spec.is_baseline:
+            continue
+        acc = _acceptance(spec, baseline, measured, replays)
+        tpot = cost.predict_tpot(spec, acc.tokens)
+        values = sorted(scale(t / t0) for t in (tpot.value, tpot.low, tpot.high))
+        value = Estimate(scale(tpot.value / t0), values[0], values[-1])
+        out.append(Prediction(
+            label=spec.label(), spec=spec, source=acc.source,
+            acceptance_rate=acc.profile.acceptance_rate,
+            mean_acceptance_length=acc.profile.mean_acceptance_length,
+            tokens_per_step=acc.tokens, tpot_ms=tpot,
+            output_throughput=Estimate(cost.throughput(tpot.value), cost.throughput(tpot.high),
+                                       cost.throughput(tpot.low)),
+            objective=objective, value=value, cost_source=cost.cost(spec).source, note=acc.note,
+        ))
+    sign = -1.0 if maximize else 1.0
+    out.sort(key=lambda p: (sign * p.value.value if math.isfinite(p.value.value) else math.inf, p.label))
+    return out
+
+
+def predict_study(view: StudyView) -> list[Prediction]:
+    """Predict every candidate of the study's space not measured yet, best first by its first objective.
+
+    The space is the one stored with the study (``spectune_config``); a candidate counts as
+    measured when a trial completed it or its engine failed on it.
+
+    Raises:
+        ConfigError: the study was not made by spectune, has no completed baseline, or its
+            space cannot be loaded.
+        StorageError: the storage cannot be read.
+    """
+    from spectune.space import load_space
+    from spectune.storage import spec_key
+
+    cfg = view.study.user_attrs.get("spectune_config")
+    if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
+        raise ConfigError(f"study {view.name} carries no spectune configuration to read its space from")
+    space = load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft"))
+    done = {spec_key(r.spec or None) for r in view.rows
+            if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
+    base_row = view.baseline()
+    if base_row is None:
+        raise ConfigError(f"study {view.name} has no completed baseline trial to predict from")
+    baseline = view.store.measurement(base_row.trial_id)
+    if baseline is None:
+        raise ConfigError(f"study {view.name}: the baseline trial {base_row.number} has no stored measurement")
+    measured: list[Measurement] = []
+    for r in view.complete():
+        if r.is_baseline or r.duplicate_of is not None:
+            continue
+        m = view.store.measurement(r.trial_id)
+        if m is not None:
+            measured.append(m)
+    candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
+    _logger.info("study %s: predicting %d unmeasured candidates from %d measured trials",
+                 view.name, len(candidates), len(measured))
+    return predict_candidates(candidates, baseline, measured, objective=view.objectives[0],
+                              maximize=view.directions[0] == "maximize")

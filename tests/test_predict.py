@@ -1,0 +1,395 @@
+"""Modelling: acceptance arithmetic, offline replay against real engines, cost model, ranking."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_engine_args
+from spectune.config import EngineArgs, Method, SpecConfig
+from spectune.counters import SpecCounters
+from spectune.predict import (
+    AcceptanceProfile,
+    CostPoint,
+    acceptance_rate_at,
+    conditional_acceptance,
+    expected_tokens_per_step,
+    fit_cost,
+    fit_cost_model,
+    leviathan_expected_tokens,
+    leviathan_improvement,
+    predict_candidates,
+    predict_study,
+    replay_suffix,
+    suffix_available,
+)
+from spectune.provenance import Hardware, Versions
+from spectune.trial import AcceptanceStats, LatencyStats, Measurement, RequestSample, WindowStats
+from spectune.workloads import WorkloadSpec
+
+# -- truncation and Leviathan's formulas ----------------------------------------------------------
+
+
+def test_truncation_is_exact_on_recorded_counters() -> None:
+    drafts, per_pos = 200, (170, 121, 80, 33, 9)  # drafts whose first i+1 tokens were accepted
+    big_k = len(per_pos)
+    full = SpecCounters(num_drafts=drafts, num_draft_tokens=drafts * big_k, num_accepted_tokens=sum(per_pos),
+                        accepted_per_pos=per_pos).acceptance()
+    assert full is not None
+    profile = AcceptanceProfile(tuple(full.per_position))
+    assert expected_tokens_per_step(full.per_position, big_k) == pytest.approx(full.mean_acceptance_length)
+    assert expected_tokens_per_step(full.per_position, 0) == 1.0
+    for k in range(1, big_k + 1):
+        # what vLLM would have counted had the proposer drafted only the first k tokens of each draft
+        cut = SpecCounters(num_drafts=drafts, num_draft_tokens=drafts * k, num_accepted_tokens=sum(per_pos[:k]),
+                           accepted_per_pos=per_pos[:k]).acceptance()
+        assert cut is not None
+        assert expected_tokens_per_step(full.per_position, k) == pytest.approx(1 + cut.num_accepted_tokens / cut.num_drafts)
+        assert expected_tokens_per_step(full.per_position, k) == pytest.approx(cut.mean_acceptance_length)
+        assert acceptance_rate_at(full.per_position, k) == pytest.approx(cut.acceptance_rate)
+        assert profile.truncated(k).tokens_per_step == pytest.approx(cut.mean_acceptance_length)
+        assert profile.truncated(k).acceptance_rate == pytest.approx(cut.acceptance_rate)
+    with pytest.raises(ValueError, match="truncation only shortens"):
+        expected_tokens_per_step(full.per_position, big_k + 1)
+    cond = conditional_acceptance(full.per_position)
+    assert cond == pytest.approx([170 / 200, 121 / 170, 80 / 121, 33 / 80, 9 / 33])
+    assert conditional_acceptance([0.5, 0.0, 0.0]) == [0.5, 0.0, 0.0]
+
+
+def test_leviathan_formulas() -> None:
+    assert leviathan_expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert leviathan_expected_tokens(0.5, 3) == pytest.approx(1.875)
+    assert leviathan_expected_tokens(0.8, 5) == pytest.approx((1 - 0.8**6) / 0.2)  # 3.68928
+    assert leviathan_expected_tokens(0.0, 4) == 1.0
+    # alpha -> 1: every drafted token accepted, k + 1 tokens a step, continuously
+    for k in (1, 3, 7):
+        assert leviathan_expected_tokens(1.0, k) == k + 1
+        assert leviathan_expected_tokens(1 - 1e-9, k) == pytest.approx(k + 1, rel=1e-6)
+        assert leviathan_improvement(1.0, k, 0.1) == pytest.approx((k + 1) / (0.1 * k + 1))
+    # constant alpha is the special case per_position[i] = alpha^(i+1)
+    assert expected_tokens_per_step(AcceptanceProfile.leviathan(0.7, 4).per_position, 4) == pytest.approx(
+        leviathan_expected_tokens(0.7, 4))
+    assert leviathan_improvement(0.8, 5, 0.05) == pytest.approx(3.68928 / 1.25)
+    assert leviathan_improvement(0.8, 0, 0.3) == 1.0  # no speculation, no change
+    # a dear proposer makes speculation slower than none
+    assert leviathan_improvement(0.5, 3, 1.0) < 1.0
+    assert leviathan_improvement(0.9, 8, 2.0) < 1.0
+    with pytest.raises(ValueError):
+        leviathan_expected_tokens(1.2, 3)
+
+
+# -- suffix replay (no engine: Arctic Inference's cache driven as vLLM drives it) -----------------
+
+
+def _req(prompt: list[int], output: list[int]) -> RequestSample:
+    return RequestSample(prompt_id="p", ok=True, token_ids=output, prompt_token_ids=prompt,
+                         output_tokens=len(output), prompt_tokens=len(prompt))
+
+
+@pytest.mark.skipif(not suffix_available(), reason="arctic_inference is not installed")
+def test_suffix_replay_learns_from_earlier_responses() -> None:
+    rng = random.Random(0)
+    prompt = [rng.randrange(1000, 30000) for _ in range(40)]
+    output = [rng.randrange(1000, 30000) for _ in range(60)]  # no repetition inside, none with the prompt
+    one = replay_suffix([_req(prompt, output)], 4)
+    twice = replay_suffix([_req(prompt, output), _req(prompt, output)], 4)
+    no_cache = replay_suffix([_req(prompt, output), _req(prompt, output)], 4, max_cached_requests=0)
+    for r in (one, twice, no_cache):  # bookkeeping: every output token but the first from a decode step
+        assert r.num_decode_tokens == r.num_requests * (len(output) - 1)
+        # a step yields its accepted tokens and one more, unless the output ends with the accepted ones
+        assert 0 <= r.num_steps - (r.num_decode_tokens - r.num_accepted_tokens) <= r.num_requests
+        assert list(r.accepted_per_pos) == sorted(r.accepted_per_pos, reverse=True)
+        assert sum(r.accepted_per_pos) == r.num_accepted_tokens and r.num_drafts <= r.num_steps
+    assert one.num_accepted_tokens == 0
+    # the second, identical request is drafted from the first one's response in the global tree
+    assert twice.num_accepted_tokens > 0.5 * (len(output) - 1)
+    assert twice.acceptance_rate > 0.9
+    assert one.num_steps == len(output) - 1
+    assert twice.num_steps - one.num_steps < (len(output) - 1) / 3  # the second request in few steps
+    assert twice.profile().tokens_per_step == pytest.approx(twice.num_decode_tokens / twice.num_steps, rel=0.02)
+    # without the global cache it is on its own again
+    assert no_cache.num_accepted_tokens == 0
+    acc = twice.acceptance()
+    assert acc is not None and acc.mean_acceptance_length == pytest.approx(twice.mean_acceptance_length)
+
+
+# -- cost model ---------------------------------------------------------------------------------------
+
+
+def test_cost_model_recovers_c() -> None:
+    t0, c_true = 10.0, 0.12
+    rng = random.Random(1)
+    points = []
+    for k in (1, 2, 3, 4, 6):
+        e = leviathan_expected_tokens(0.7, k)
+        noise = 1 + rng.uniform(-0.01, 0.01)  # 1 % measurement noise
+        points.append(CostPoint(Method.DRAFT_MODEL, "d", k, t0 * (1 + c_true * k) / e * noise, e))
+    exact = fit_cost(t0, [CostPoint(p.method, p.model, p.k, t0 * (1 + c_true * p.k) / p.tokens_per_step,
+                                    p.tokens_per_step) for p in points])
+    assert exact.c == pytest.approx(c_true, rel=1e-12)
+    fitted = fit_cost(t0, points)
+    assert abs(fitted.c - c_true) < 0.01, f"fitted c={fitted.c:.4f}, true {c_true}"
+    assert fitted.low <= c_true <= fitted.high and fitted.n == 5
+    model = fit_cost_model(t0, 100.0, points)
+    assert model.cost(SpecConfig(method=Method.DRAFT_MODEL, model="d", num_speculative_tokens=2)).source == "fit"
+    other = model.cost(SpecConfig(method=Method.DRAFT_MODEL, model="other", num_speculative_tokens=2))
+    assert other.source == "fit-method" and other.c == pytest.approx(fitted.c)
+    prior = model.cost(SpecConfig(method=Method.NGRAM, num_speculative_tokens=2))
+    assert prior.source == "prior" and prior.low < prior.c < prior.high
+    # throughput goes inversely with TPOT at a fixed concurrency
+    assert model.throughput(5.0) == pytest.approx(200.0)
+
+
+# -- ranking over synthetic measurements -----------------------------------------------------------
+
+_VERSIONS = Versions(spectune="test", vllm=None, torch=None, python="3")
+_HARDWARE = Hardware(platform="cpu", cpu="test", cpu_count=2, memory_bytes=None, gpus=[])
+T0, BASE_THROUGHPUT = 10.0, 100.0
+
+
+def _stats(value: float | None) -> LatencyStats:
+    return LatencyStats(count=1, mean=value, median=value, p90=value, p99=value)
+
+
+def _measurement(spec: SpecConfig, tpot_ms: float, per_position: list[float] | None = None,
+                 requests: list[RequestSample] | None = None, drafts: int = 100) -> Measurement:
+    """A consistent Measurement: throughput ~ 1 / TPOT, every decode step drafted."""
+    throughput = BASE_THROUGHPUT * T0 / tpot_ms
+    acceptance = None
+    if per_position is not None:
+        accepted = round(drafts * sum(per_position))
+        acceptance = AcceptanceStats(
+            num_drafts=drafts, num_draft_tokens=drafts * len(per_position), num_accepted_tokens=accepted,
+            acceptance_rate=accepted / (drafts * len(per_position)), mean_acceptance_length=1 + accepted / drafts,
+            per_position=per_position)
+        out = drafts + accepted + 1  # one request: the prefill's token, then `drafts` steps
+        requests = [RequestSample(prompt_id="p0", ok=True, output_tokens=out, tpot_ms=tpot_ms)]
+    requests = requests or [RequestSample(prompt_id="p0", ok=True, output_tokens=101, tpot_ms=tpot_ms)]
+    out_tokens = sum(r.output_tokens or 0 for r in requests)
+    window = WindowStats(duration_seconds=out_tokens / throughput, output_throughput=throughput,
+                         tpot_median_ms=tpot_ms, tpot_p99_ms=tpot_ms * 1.2, ttft_median_ms=50.0, ttft_p99_ms=60.0,
+                         e2el_median_ms=50.0 + 100 * tpot_ms, e2el_p99_ms=60.0 + 120 * tpot_ms)
+    return Measurement(
+        spec=spec, engine=EngineArgs(model="tgt", max_model_len=512),
+        workload=WorkloadSpec(source="synthetic.jsonl"), concurrency=1, command=["vllm"], log_path=None,
+        started_at=dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc), startup_seconds=1.0,
+        duration_seconds=window.duration_seconds, num_requests=len(requests), num_failed=0, input_tokens=10,
+        output_tokens=out_tokens, output_throughput=throughput, request_throughput=1.0,
+        total_token_throughput=throughput, ttft_ms=_stats(50.0), tpot_ms=_stats(tpot_ms), itl_ms=_stats(tpot_ms),
+        e2el_ms=_stats(window.e2el_median_ms), acceptance=acceptance, peak_memory_bytes=None,
+        versions=_VERSIONS, hardware=_HARDWARE, windows=[window], requests=requests,
+    )
+
+
+def _tpot(c: float, k: int, per_position: list[float]) -> float:
+    return T0 * (1 + c * k) / (1 + sum(per_position))
+
+
+GOOD = [0.9, 0.8, 0.5, 0.2]  # a draft that agrees with the target over the first tokens
+POOR = [0.2, 0.05, 0.01, 0.0]  # n-gram lookup on text that does not repeat itself
+
+
+def _synthetic_study() -> tuple[Measurement, list[Measurement]]:
+    baseline = _measurement(SpecConfig(), T0)
+    good = SpecConfig(method=Method.DRAFT_MODEL, model="good-draft", num_speculative_tokens=4)
+    ngram = SpecConfig(method=Method.NGRAM, num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+    return baseline, [_measurement(good, _tpot(0.1, 4, GOOD), GOOD), _measurement(ngram, _tpot(0.05, 4, POOR), POOR)]
+
+
+def test_ranking_puts_the_clearly_better_candidate_first() -> None:
+    baseline, measured = _synthetic_study()
+    cands = [SpecConfig(method=Method.NGRAM, num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=3)
+             for k in (1, 2, 3)]
+    cands += [SpecConfig(method=Method.DRAFT_MODEL, model="good-draft", num_speculative_tokens=k) for k in (2, 3, 6)]
+    cands += [SpecConfig(method=Method.EAGLE, model="head", num_speculative_tokens=3), SpecConfig()]
+    preds = predict_candidates(cands, baseline, measured)
+    by = {p.label: p for p in preds}
+    assert len(preds) == 7  # the baseline is no candidate
+    assert [p.value.value for p in preds] == sorted((p.value.value for p in preds), reverse=True)
+    best = preds[0]
+    assert best.spec.method is Method.DRAFT_MODEL and best.source == "truncation"
+    # by hand: c = 0.1 fitted exactly, E = 1 + 0.9 + 0.8 + 0.5 at k = 3; 1 + 0.9 + 0.8 = 2.7 at k = 2 and
+    # about 3.4 + 0.2 * 0.4 + 0.2 * 0.4^2 at k = 6 do not pay for their cost
+    assert best.label == "draft_model k=3 (good-draft)"
+    assert best.tpot_ms.value == pytest.approx(T0 * 1.3 / 3.2)
+    assert best.output_throughput.value == pytest.approx(BASE_THROUGHPUT * 3.2 / 1.3)
+    assert best.tpot_ms.low <= best.tpot_ms.value <= best.tpot_ms.high
+    assert best.output_throughput.low <= best.output_throughput.value <= best.output_throughput.high
+    assert best.mean_acceptance_length == pytest.approx(3.2) and best.acceptance_rate == pytest.approx(2.2 / 3)
+    # n-gram on text that hardly repeats helps little; truncation from its k=4 trial
+    for k in (1, 2, 3):
+        p = by[f"ngram k={k} lookup=1..3"]
+        assert p.source == "truncation" and p.cost_source == "fit"
+        assert p.output_throughput.value < best.output_throughput.value
+    ext = by["draft_model k=6 (good-draft)"]
+    assert ext.source == "extrapolation"
+    assert ext.tokens_per_step.low == pytest.approx(1 + sum(GOOD))
+    assert ext.tokens_per_step.high == pytest.approx(1 + sum(GOOD) + 2 * GOOD[-1])
+    assert ext.tokens_per_step.value == pytest.approx(3.4 + 0.2 * 0.4 + 0.2 * 0.4**2)
+    prior = by["eagle k=3 (head)"]
+    assert prior.source == "prior" and prior.cost_source == "prior"
+    assert prior.tokens_per_step.value == pytest.approx(leviathan_expected_tokens(0.6, 3))
+    # another objective, minimised: the same order for TPOT
+    by_tpot = predict_candidates(cands, baseline, measured, objective="tpot_median_ms", maximize=False)
+    assert [p.label for p in by_tpot] == [p.label for p in preds]
+    assert by_tpot[0].value.value == pytest.approx(best.tpot_ms.value)
+
+
+SPACE = """
+methods:
+  none: {}
+  ngram:
+    num_speculative_tokens: {low: 1, high: 4}
+    prompt_lookup_max: 3
+    prompt_lookup_min: 1
+  draft_model:
+    models: ["${draft}"]
+    num_speculative_tokens: [2, 4]
+"""
+
+
+def _store_study(url: str, name: str, space: Path, measurements: list[Measurement], draft: str | None,
+                 objective: str = "output_throughput") -> None:
+    """A study as run_study leaves it: its config, trials with spec attributes, measurements."""
+    import optuna
+
+    from spectune.storage import MeasurementStore, open_optuna_storage, spec_key
+
+    s = optuna.create_study(study_name=name, storage=open_optuna_storage(url),
+                            directions=["maximize" if objective == "output_throughput" else "minimize"])
+    s.set_user_attr("objectives", [objective])
+    s.set_user_attr("spectune_config", {"target": "tgt", "draft": draft, "space": str(space),
+                                        "workload": {"source": "synthetic.jsonl"}, "objectives": [objective]})
+    store = MeasurementStore(url)
+    for m in measurements:
+        value = getattr(m, objective) if objective == "output_throughput" else m.tpot_ms.median
+        spec = m.spec.to_vllm() or {"method": "none"}
+        s.add_trial(optuna.trial.create_trial(value=value, user_attrs={
+            "config": m.spec.label(), "spec": spec, "spec_key": spec_key(m.spec.to_vllm()), "feasible": True}))
+        t = s.get_trials(deepcopy=False)[-1]
+        store.record(study_name=name, trial_id=t._trial_id, trial_number=t.number,
+                     spec_key=spec_key(m.spec.to_vllm()), measurement=m)
+
+
+def test_predict_study_ranks_the_unmeasured_candidates_of_the_stored_space(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from spectune.cli import app
+    from spectune.results import open_study
+
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    baseline, measured = _synthetic_study()
+    _store_study(url, "synthetic", space, [baseline, *measured], draft="good-draft")
+    preds = predict_study(open_study(url, "synthetic"))
+    labels = [p.label for p in preds]
+    # measured: none, draft_model k=4 and ngram k=4; the other four are predicted
+    assert sorted(labels) == sorted(["ngram k=1 lookup=1..3", "ngram k=2 lookup=1..3", "ngram k=3 lookup=1..3",
+                                     "draft_model k=2 (good-draft)"])
+    assert labels[0] == "draft_model k=2 (good-draft)"  # the only good proposer
+    assert {p.source for p in preds} == {"truncation"}  # no token ids in this baseline: nothing to replay
+
+    result = CliRunner().invoke(app, ["predict", "--storage", url, "--study", "synthetic", "--top", "2"],
+                                env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "truncation" in result.output
+    assert [label in result.output for label in labels] == [True, True, False, False]  # the top 2
+    assert "4 candidates not measured" in result.output
+
+
+def test_predict_study_needs_a_baseline(tmp_path: Path) -> None:
+    from spectune.errors import ConfigError
+    from spectune.results import open_study
+
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    _, measured = _synthetic_study()
+    _store_study(url, "no-base", space, measured, draft="good-draft")
+    with pytest.raises(ConfigError, match="no completed baseline"):
+        predict_study(open_study(url, "no-base"))
+
+
+# -- replay against real engines ------------------------------------------------------------------------
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Measurement]:
+    """Two real engines at temperature 0, float32, on the same prompts: the baseline and n-gram k=3."""
+    from spectune.trial import measure
+    from spectune.workloads import load_prompts
+
+    out_dir = tmp_path_factory.mktemp("predict-runs")
+    workload = WorkloadSpec.model_validate({
+        "source": str(repetitive_prompts), "concurrency": 2, "warmup_requests": 1,
+        "sampling": {"temperature": 0.0, "max_tokens": 48}})
+    prompts = load_prompts(workload)
+    engine = tiny_engine_args(tiny_models.target)
+    out = {
+        "baseline": measure(engine, SpecConfig(), workload, prompts, log_dir=out_dir),
+        "ngram": measure(engine, SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1,
+                                            prompt_lookup_max=3), workload, prompts, log_dir=out_dir),
+    }
+    for name, m in out.items():  # kept for a look after a failure
+        (out_dir / f"{name}.json").write_text(m.model_dump_json())
+    return out
+
+
+@pytest.mark.engine
+def test_ngram_replay_agrees_with_vllm_counters(runs: dict[str, Measurement]) -> None:
+    from spectune.predict import replay_ngram
+
+    base, ngram = runs["baseline"], runs["ngram"]
+    # the premise: at temperature 0 speculation leaves the outputs alone
+    assert [r.token_ids for r in ngram.requests] == [r.token_ids for r in base.requests]
+    assert all(r.token_ids and r.prompt_token_ids for r in base.requests)
+    measured = ngram.acceptance
+    assert measured is not None and measured.num_drafts > 0
+    rep = replay_ngram(base.requests, K, 1, 3, max_model_len=base.engine.max_model_len)
+    counts = [round(p * measured.num_drafts) for p in measured.per_position]
+    report = (f"measured drafts/draft tokens/accepted {measured.num_drafts}/{measured.num_draft_tokens}/"
+              f"{measured.num_accepted_tokens} per position {counts}, rate {measured.acceptance_rate:.4f}; replay "
+              f"{rep.num_drafts}/{rep.num_draft_tokens}/{rep.num_accepted_tokens} per position "
+              f"{list(rep.accepted_per_pos)}, rate {rep.acceptance_rate:.4f}, {rep.num_truncated_drafts} drafts "
+              f"reaching past max_tokens (positions {list(rep.truncated_per_pos)})")
+    # Exact: the same drafts at the same steps. The only freedom: a draft that runs past the recorded
+    # output (max_tokens) was compared by the engine with tokens it then cut off; the replay cannot
+    # see them, so the engine's counts lie between the replay's and the replay's plus those positions.
+    assert (rep.num_drafts, rep.num_draft_tokens) == (measured.num_drafts, measured.num_draft_tokens), report
+    assert rep.num_accepted_tokens <= measured.num_accepted_tokens <= rep.num_accepted_tokens + sum(
+        rep.truncated_per_pos), report
+    for i, c in enumerate(counts):
+        assert rep.accepted_per_pos[i] <= c <= rep.accepted_per_pos[i] + rep.truncated_per_pos[i], report
+    # in rates: within the share of drafted tokens that were cut off
+    tolerance = sum(rep.truncated_per_pos) / rep.num_draft_tokens
+    assert abs(rep.acceptance_rate - measured.acceptance_rate) <= tolerance + 1e-12, report
+    assert tolerance <= 0.05, report
+    for a, b in zip(rep.per_position, measured.per_position, strict=True):
+        assert abs(a - b) <= tolerance * K + 1e-12, report
+
+
+@pytest.mark.engine
+def test_predict_study_replays_ngram_over_the_real_baseline(runs: dict[str, Measurement], tmp_path: Path) -> None:
+    from spectune.results import open_study
+
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    url = f"sqlite:///{tmp_path / 'real.db'}"
+    _store_study(url, "real", space, [runs["baseline"], runs["ngram"]], draft=None)
+    preds = predict_study(open_study(url, "real"))
+    by = {p.label: p for p in preds}
+    assert sorted(by) == ["ngram k=1 lookup=1..3", "ngram k=2 lookup=1..3", "ngram k=4 lookup=1..3"]
+    assert {p.source for p in preds} == {"replay"}
+    assert {p.cost_source for p in preds} == {"fit"}  # c fitted on the measured k=3 trial
+    for p in preds:
+        assert p.tokens_per_step.low == p.tokens_per_step.value == p.tokens_per_step.high
+        assert 0 < p.output_throughput.low <= p.output_throughput.value <= p.output_throughput.high
+        assert math.isfinite(p.value.value)
+        assert p.note.endswith(f"over {len(runs['baseline'].requests)} requests")
