@@ -320,20 +320,37 @@ def _pad_batch(examples: Sequence[DistillExample], max_context: int | None) -> d
             "topk_logits": torch.cat(tk_logits)}
 
 
-def _draft_logits(draft: Any, batch: dict[str, Any]) -> Any:
-    """The draft's logits at the batch's loss positions only (the lm_head is the costly part)."""
+def _draft_logits(draft: Any, batch: dict[str, Any], head: Any = None) -> Any:
+    """The draft's logits at the batch's loss positions only (the lm_head is the costly part).
+
+    ``head`` replaces the lm_head's weight (rows of a vocabulary subset) when given.
+    """
+    import torch.nn.functional as F
+
     hidden = draft.model(input_ids=batch["input_ids"],
                          attention_mask=batch["attention_mask"]).last_hidden_state
-    return draft.lm_head(hidden[batch["rows"], batch["positions"]])
+    h = hidden[batch["rows"], batch["positions"]]
+    return draft.lm_head(h) if head is None else F.linear(h, head)
 
 
-def distill_loss(draft: Any, batch: dict[str, Any], temperature: float = 1.0) -> Any:
-    """Cross-entropy of the draft to the target's renormalised top-k softmax (mean per position)."""
+def distill_loss(draft: Any, batch: dict[str, Any], *, vocab: Any = None,
+                 temperature: float = 1.0) -> Any:
+    """Cross-entropy of the draft to the target's renormalised top-k softmax (mean per position).
+
+    With ``vocab`` (a sorted LongTensor of token ids holding every id of ``batch["topk_ids"]``)
+    the draft's softmax is taken over those tokens only: the frozen lm_head's cost shrinks by
+    the vocabulary's share, which dominates the training cost otherwise.
+    """
     import torch
 
-    logp = torch.log_softmax(_draft_logits(draft, batch).float(), dim=-1)
+    if vocab is None:
+        logits, targets = _draft_logits(draft, batch), batch["topk_ids"]
+    else:
+        logits = _draft_logits(draft, batch, draft.lm_head.weight[vocab])
+        targets = torch.searchsorted(vocab, batch["topk_ids"])
+    logp = torch.log_softmax(logits.float(), dim=-1)
     p = torch.softmax(batch["topk_logits"] / temperature, dim=-1)
-    return -(p * logp.gather(-1, batch["topk_ids"])).sum(-1).mean()
+    return -(p * logp.gather(-1, targets)).sum(-1).mean()
 
 
 def train_draft(
@@ -344,13 +361,16 @@ def train_draft(
     batch_size: int = 8,
     lr: float = 5e-4,
     seed: int = 0,
-    max_context: int | None = 192,
+    max_context: int | None = 32,
+    restrict_vocab: bool = True,
 ) -> list[float]:
     """Distil ``examples`` into ``draft`` for ``steps`` steps; return the loss of every step.
 
     Each step takes ``batch_size`` examples drawn at random (``seed``), with at most
     ``max_context`` prompt tokens before the continuation, and minimises :func:`distill_loss`
-    over the trainable parameters (AdamW, one-cycle learning rate ``lr``).
+    over the trainable parameters (AdamW, one-cycle learning rate ``lr``). With
+    ``restrict_vocab`` the softmax runs over the tokens that occur in the examples' top-k only
+    (see :func:`distill_loss`).
     """
     import torch
 
@@ -364,12 +384,14 @@ def train_draft(
         opt, max_lr=lr, total_steps=steps, pct_start=min(0.1, 10 / steps) if steps > 1 else 0.5
     )
     gen = torch.Generator().manual_seed(seed)
+    vocab = (torch.unique(torch.cat([e.topk_ids.reshape(-1) for e in examples]))
+             if restrict_vocab else None)
     losses: list[float] = []
     draft.train()
     for _ in range(steps):
         pick = torch.randint(0, len(examples), (min(batch_size, len(examples)),), generator=gen)
         batch = _pad_batch([examples[int(i)] for i in pick], max_context)
-        loss = distill_loss(draft, batch)
+        loss = distill_loss(draft, batch, vocab=vocab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
