@@ -82,7 +82,7 @@ def measure(
     host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
     log_dir: Annotated[Path, typer.Option(help="Where engine logs are kept.")] = Path("storage/logs"),
     startup_timeout: Annotated[float, typer.Option(min=1.0)] = 600.0,
-    repeats: Annotated[int, typer.Option(min=1, help="Measure the window this many times on one engine.")] = 1,
+    repeats: Annotated[int, typer.Option(min=1, help="Split the prompts into this many disjoint windows on one engine (for noise).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Measurement as JSON.")] = False,
 ) -> None:
     """Measure one speculative configuration on a real vLLM engine."""

@@ -87,9 +87,11 @@ _DRAFT_RECIPE: dict[str, Any] = {
         "sources": ["humaneval", "mtbench"],
         "prompt": "Prompt.as_text() (completions API), tokenizer defaults",
         "held_out": {k: list(v) for k, v in HELD_OUT.items()},
-        "generation": "transformers greedy, float32, batches of similar length",
-        "max_new_tokens": 96,
-        "generation_batch_size": 24,
+        "generation": "transformers greedy, float32, left-padded batches of similar length",
+        "labels": "target's top-k logits at every prompt position (teacher forcing) and along "
+                  "its greedy continuation",
+        "max_new_tokens": 32,
+        "generation_batch_size": 48,
         "top_k": 16,
     },
     "architecture": {
@@ -99,11 +101,12 @@ _DRAFT_RECIPE: dict[str, Any] = {
         "dtype": "float32",
     },
     "training": {
-        "loss": "cross-entropy to the target's renormalised top-k softmax on generated positions",
-        "optimizer": "AdamW, one-cycle schedule",
-        "lr": 5e-4,
-        "batch_size": 8,
-        "max_prompt_context": 192,
+        "loss": "cross-entropy to the target's renormalised top-k softmax, softmax over the "
+                "tokens of the training top-k only",
+        "optimizer": "AdamW, one-cycle schedule, gradient norm clipped at 1",
+        "lr": 1e-3,
+        "batch_size": 16,
+        "window": 64,
     },
 }
 _DEFAULT_STEPS = 300
@@ -112,24 +115,31 @@ _THREADS = 1  # on 2 shared cores one thread is several times faster than two (O
 
 @dataclasses.dataclass(frozen=True)
 class DistillExample:
-    """One prompt with the target's greedy continuation and its top-k logits.
+    """One prompt, the target's greedy continuation of it, and the target's top-k logits.
 
-    ``ids`` holds prompt then continuation tokens. The hidden state at position
-    ``start + j`` (``start`` = prompt length - 1) predicts continuation token ``j``; the target's
-    top-k at that position are ``topk_ids[j]`` / ``topk_logits[j]`` (``topk_ids[j, 0]`` is the
-    target's greedy token, i.e. ``ids[start + j + 1]``).
+    ``ids`` holds the prompt's ``prompt_len`` tokens, then the continuation. Row ``t`` of
+    ``topk_ids`` / ``topk_logits`` is the target's top-k for the token after position ``t``
+    (``t = 0 .. len(ids) - 2``): on the prompt the target reads the prompt's text (teacher
+    forcing); from ``t = prompt_len - 1`` on, it reads its own greedy continuation, so there
+    ``topk_ids[t, 0] == ids[t + 1]``.
     """
 
     prompt_id: str
     source: str
-    ids: Any  # LongTensor [prompt_len + gen_len]
-    start: int
-    topk_ids: Any  # LongTensor [gen_len, k]
-    topk_logits: Any  # FloatTensor [gen_len, k]
+    ids: Any  # LongTensor [L]
+    prompt_len: int
+    topk_ids: Any  # LongTensor [L - 1, k]
+    topk_logits: Any  # FloatTensor [L - 1, k]
 
     @property
     def num_positions(self) -> int:
+        """Positions with a target distribution (prompt and continuation)."""
         return int(self.topk_ids.shape[0])
+
+    @property
+    def num_generated(self) -> int:
+        """Positions along the target's greedy path (the continuation's tokens)."""
+        return len(self.ids) - self.prompt_len
 
 
 def draft_name(target: Path) -> str:
@@ -195,13 +205,16 @@ def generate_distill_data(
     *,
     max_new_tokens: int,
     top_k: int,
-    batch_size: int = 24,
+    batch_size: int = 48,
 ) -> list[DistillExample]:
-    """Greedy continuations of ``prompts`` ((source, Prompt) pairs) by ``target`` with top-k logits.
+    """The target's greedy continuations of ``prompts`` ((source, Prompt) pairs), with its top-k
+    logits at every position of prompt and continuation (see :class:`DistillExample`).
 
     Prompts are tokenized as vLLM's completions API does (``Prompt.as_text()``, the tokenizer's
-    defaults), sorted by length and generated in left-padded batches. A continuation ends after
-    the first end-of-sequence token or at ``max_new_tokens``.
+    defaults), sorted by length and generated in left-padded batches with ``generate``; the
+    prompt positions' logits come from the same prefill (a hook on the final norm), so the
+    prompt costs one forward pass. A continuation ends after the first end-of-sequence token
+    or at ``max_new_tokens``.
     """
     import torch
     from transformers.generation import LogitsProcessorList
@@ -211,49 +224,63 @@ def generate_distill_data(
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = next(iter(eos_ids), 0)
-    encoded = [
-        (source, p.id, tokenizer(p.as_text())["input_ids"]) for source, p in prompts
-    ]
+    encoded = [(source, p.id, tokenizer(p.as_text())["input_ids"]) for source, p in prompts]
+    encoded = [e for e in encoded if e[2]]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][2]))
+    prefill: list[Any] = []
+
+    def keep_prefill(module: Any, args: Any, output: Any) -> None:
+        if not prefill:  # the first call of a generate() is the prefill over every position
+            prefill.append(output.detach())
+
+    hook = target.model.norm.register_forward_hook(keep_prefill)
     out: dict[int, DistillExample] = {}
     target.eval()
-    for b in range(0, len(order), batch_size):
-        batch = order[b: b + batch_size]
-        width = max(len(encoded[i][2]) for i in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, i in enumerate(batch):
-            toks = encoded[i][2]
-            ids[row, width - len(toks):] = torch.tensor(toks, dtype=torch.long)
-            mask[row, width - len(toks):] = 1
-        rec = _TopKRecorder(top_k)
-        with torch.inference_mode():
-            seqs = target.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                do_sample=False, num_beams=1, pad_token_id=pad,
-                logits_processor=LogitsProcessorList([rec]),
-            )
-        gen = seqs[:, width:]
-        top_ids = torch.stack(rec.ids, dim=1)  # [batch, steps, k]
-        top_logits = torch.stack(rec.logits, dim=1)
-        for row, i in enumerate(batch):
-            source, pid, toks = encoded[i]
-            cont = gen[row].tolist()
-            n = len(cont)
-            for j, t in enumerate(cont):
-                if t in eos_ids:
-                    n = j + 1
-                    break
-            n = min(n, top_ids.shape[1])
-            if n == 0:
-                continue
-            out[i] = DistillExample(
-                prompt_id=pid, source=source,
-                ids=torch.tensor(toks + cont[:n], dtype=torch.long),
-                start=len(toks) - 1,
-                topk_ids=top_ids[row, :n].clone(),
-                topk_logits=top_logits[row, :n].clone(),
-            )
+    try:
+        for b in range(0, len(order), batch_size):
+            batch = order[b: b + batch_size]
+            width = max(len(encoded[i][2]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, i in enumerate(batch):
+                toks = encoded[i][2]
+                ids[row, width - len(toks):] = torch.tensor(toks, dtype=torch.long)
+                mask[row, width - len(toks):] = 1
+            rec = _TopKRecorder(top_k)
+            prefill.clear()
+            with torch.inference_mode():
+                seqs = target.generate(
+                    input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                    do_sample=False, num_beams=1, pad_token_id=pad,
+                    logits_processor=LogitsProcessorList([rec]),
+                )
+                gen = seqs[:, width:]
+                gen_ids = torch.stack(rec.ids, dim=1)  # [batch, steps, k]
+                gen_logits = torch.stack(rec.logits, dim=1)
+                hidden = prefill[0]
+                for row, i in enumerate(batch):
+                    source, pid, toks = encoded[i]
+                    cont = gen[row].tolist()
+                    n = len(cont)
+                    for j, t in enumerate(cont):
+                        if t in eos_ids:
+                            n = j + 1
+                            break
+                    n = min(n, gen_ids.shape[1])
+                    # Positions 0 .. P-2 of the prompt: the prefill's hidden states.
+                    h = hidden[row, width - len(toks): width - 1]
+                    p_vals, p_idx = target.lm_head(h).float().topk(top_k, dim=-1)
+                    out[i] = DistillExample(
+                        prompt_id=pid, source=source,
+                        ids=torch.tensor(toks + cont[:n], dtype=torch.long),
+                        prompt_len=len(toks),
+                        topk_ids=torch.cat([p_idx, gen_ids[row, :n]]).clone(),
+                        topk_logits=torch.cat([p_vals, gen_logits[row, :n]]).clone(),
+                    )
+            logger.debug("generated %d of %d prompts", min(b + batch_size, len(order)),
+                         len(order))
+    finally:
+        hook.remove()
     return [out[i] for i in range(len(encoded)) if i in out]
 
 
@@ -293,31 +320,44 @@ def init_draft_from_target(target: Any, layers: Sequence[int]) -> Any:
     return draft
 
 
-def _pad_batch(examples: Sequence[DistillExample], max_context: int | None) -> dict[str, Any]:
-    """Right-padded inputs and the flat loss positions of ``examples``."""
+def _batch(items: Sequence[tuple[Any, int, Any, Any]]) -> dict[str, Any]:
+    """Right-padded inputs and flat loss positions of ``items``.
+
+    Each item is ``(input_ids, first_loss_position, topk_ids, topk_logits)``: the loss positions
+    are ``first_loss_position ..`` one per row of ``topk_ids``.
+    """
     import torch
 
-    rows = []
+    width = max(len(it[0]) for it in items)
+    ids = torch.zeros((len(items), width), dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    rows, positions = [], []
+    for r, (seq, first, tk_ids, _) in enumerate(items):
+        ids[r, : len(seq)] = seq
+        mask[r, : len(seq)] = 1
+        n = int(tk_ids.shape[0])
+        rows.append(torch.full((n,), r, dtype=torch.long))
+        positions.append(torch.arange(first, first + n))
+    return {"input_ids": ids, "attention_mask": mask, "rows": torch.cat(rows),
+            "positions": torch.cat(positions),
+            "topk_ids": torch.cat([it[2] for it in items]),
+            "topk_logits": torch.cat([it[3] for it in items])}
+
+
+def window_batch(examples: Sequence[DistillExample], picks: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
+    """A training batch: for each ``(example, start, end)`` the tokens ``start .. end - 1`` as
+    input and the target's top-k at each of those positions as labels."""
+    return _batch([(examples[i].ids[a:b], 0, examples[i].topk_ids[a:b],
+                    examples[i].topk_logits[a:b]) for i, a, b in picks])
+
+
+def greedy_path_batch(examples: Sequence[DistillExample]) -> dict[str, Any]:
+    """The examples' full contexts, with loss positions along the target's greedy path only."""
+    items = []
     for ex in examples:
-        cut = 0 if max_context is None else max(0, ex.start + 1 - max_context)
-        # Inputs up to the last position that predicts a continuation token.
-        ids = ex.ids[cut: ex.start + ex.num_positions]
-        rows.append((ids, ex.start - cut, ex))
-    width = max(len(r[0]) for r in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    b_idx, p_idx, tk_ids, tk_logits = [], [], [], []
-    for row, (seq, start, ex) in enumerate(rows):
-        ids[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-        n = ex.num_positions
-        b_idx.append(torch.full((n,), row, dtype=torch.long))
-        p_idx.append(torch.arange(start, start + n))
-        tk_ids.append(ex.topk_ids)
-        tk_logits.append(ex.topk_logits)
-    return {"input_ids": ids, "attention_mask": mask, "rows": torch.cat(b_idx),
-            "positions": torch.cat(p_idx), "topk_ids": torch.cat(tk_ids),
-            "topk_logits": torch.cat(tk_logits)}
+        first = ex.prompt_len - 1
+        items.append((ex.ids[:-1], first, ex.topk_ids[first:], ex.topk_logits[first:]))
+    return _batch(items)
 
 
 def _draft_logits(draft: Any, batch: dict[str, Any], head: Any = None) -> Any:
@@ -338,8 +378,8 @@ def distill_loss(draft: Any, batch: dict[str, Any], *, vocab: Any = None,
     """Cross-entropy of the draft to the target's renormalised top-k softmax (mean per position).
 
     With ``vocab`` (a sorted LongTensor of token ids holding every id of ``batch["topk_ids"]``)
-    the draft's softmax is taken over those tokens only: the frozen lm_head's cost shrinks by
-    the vocabulary's share, which dominates the training cost otherwise.
+    the draft's softmax is taken over those tokens only: the frozen lm_head, which otherwise
+    dominates the cost of a step, shrinks by the vocabulary's share.
     """
     import torch
 
@@ -353,44 +393,62 @@ def distill_loss(draft: Any, batch: dict[str, Any], *, vocab: Any = None,
     return -(p * logp.gather(-1, targets)).sum(-1).mean()
 
 
+def _pick_windows(examples: Sequence[DistillExample], n: int, window: int,
+                  gen: Any) -> list[tuple[int, int, int]]:
+    """``n`` random windows: an example drawn in proportion to its positions; half the windows
+    end at the example's end (the target's own continuation), the others anywhere."""
+    import torch
+
+    weights = torch.tensor([float(e.num_positions) for e in examples])
+    picks = []
+    for i in torch.multinomial(weights, n, replacement=True, generator=gen).tolist():
+        total = examples[i].num_positions
+        w = min(window, total)
+        if torch.rand((), generator=gen) < 0.5:
+            end = total
+        else:
+            end = w + int(torch.randint(0, total - w + 1, (), generator=gen))
+        picks.append((i, end - w, end))
+    return picks
+
+
 def train_draft(
     draft: Any,
     examples: Sequence[DistillExample],
     *,
     steps: int,
-    batch_size: int = 8,
-    lr: float = 5e-4,
+    batch_size: int = 16,
+    window: int = 64,
+    lr: float = 1e-3,
     seed: int = 0,
-    max_context: int | None = 32,
     restrict_vocab: bool = True,
 ) -> list[float]:
     """Distil ``examples`` into ``draft`` for ``steps`` steps; return the loss of every step.
 
-    Each step takes ``batch_size`` examples drawn at random (``seed``), with at most
-    ``max_context`` prompt tokens before the continuation, and minimises :func:`distill_loss`
-    over the trainable parameters (AdamW, one-cycle learning rate ``lr``). With
-    ``restrict_vocab`` the softmax runs over the tokens that occur in the examples' top-k only
-    (see :func:`distill_loss`).
+    Each step takes ``batch_size`` windows of at most ``window`` tokens (:func:`_pick_windows`,
+    drawn with ``seed``) and minimises :func:`distill_loss` at every position over the draft's
+    trainable parameters (AdamW, one-cycle learning rate peaking at ``lr``, gradient norm
+    clipped at 1). With ``restrict_vocab`` the softmax runs over the tokens that occur in the
+    examples' top-k only.
     """
     import torch
 
     if steps < 1:
         raise ConfigError(f"steps must be at least 1, got {steps}")
+    examples = [e for e in examples if e.num_positions > 0]
     if not examples:
         raise SpectuneError("no distillation examples to train on")
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=lr, total_steps=steps, pct_start=min(0.1, 10 / steps) if steps > 1 else 0.5
-    )
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps,
+                                                pct_start=0.1 if steps >= 10 else 0.5)
     gen = torch.Generator().manual_seed(seed)
     vocab = (torch.unique(torch.cat([e.topk_ids.reshape(-1) for e in examples]))
              if restrict_vocab else None)
     losses: list[float] = []
     draft.train()
     for _ in range(steps):
-        pick = torch.randint(0, len(examples), (min(batch_size, len(examples)),), generator=gen)
-        batch = _pad_batch([examples[int(i)] for i in pick], max_context)
+        batch = window_batch(examples, _pick_windows(examples, batch_size, window, gen))
         loss = distill_loss(draft, batch, vocab=vocab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -405,25 +463,26 @@ def train_draft(
 def draft_agreement(
     draft: Any, examples: Sequence[DistillExample], *, batch_size: int = 8
 ) -> dict[str, Any]:
-    """Share of positions along the target's greedy path where the draft's argmax is the target's.
+    """Share of positions along the target's greedy path where the draft's argmax (over the whole
+    vocabulary) is the target's.
 
-    Returns ``{"overall": share, "positions": n, "by_source": {source: share}}`` (shares in
-    [0, 1]; the draft sees the full prompt and the target's continuation so far).
+    The draft reads each prompt and the target's continuation so far. Returns
+    ``{"overall": share, "positions": n, "by_source": {source: share}}`` (shares in [0, 1]).
     """
     import torch
 
     hits: dict[str, int] = {}
     counts: dict[str, int] = {}
     draft.eval()
+    examples = [e for e in examples if e.num_generated > 0]
     with torch.inference_mode():
         for b in range(0, len(examples), batch_size):
-            chunk = list(examples[b: b + batch_size])
-            batch = _pad_batch(chunk, None)
-            pred = _draft_logits(draft, batch).argmax(-1)
-            ok = (pred == batch["topk_ids"][:, 0]).tolist()
+            chunk = examples[b: b + batch_size]
+            batch = greedy_path_batch(chunk)
+            ok = (_draft_logits(draft, batch).argmax(-1) == batch["topk_ids"][:, 0]).tolist()
             pos = 0
             for ex in chunk:
-                n = ex.num_positions
+                n = ex.num_generated
                 hits[ex.source] = hits.get(ex.source, 0) + sum(ok[pos: pos + n])
                 counts[ex.source] = counts.get(ex.source, 0) + n
                 pos += n
@@ -513,8 +572,7 @@ def _build_draft_into(
         before = draft_agreement(draft, held_ex)
         logger.info("distilling %d examples into the draft (%d steps)", len(train_ex), steps)
         losses = train_draft(draft, train_ex, steps=steps, batch_size=train_cfg["batch_size"],
-                             lr=train_cfg["lr"], seed=seed,
-                             max_context=train_cfg["max_prompt_context"])
+                             window=train_cfg["window"], lr=train_cfg["lr"], seed=seed)
     timings["train_s"] = time.perf_counter() - t
     t = time.perf_counter()
     after = draft_agreement(draft, held_ex)
@@ -540,10 +598,12 @@ def _build_draft_into(
         "tokenizer_files": copied,
         "num_hidden_layers": len(arch["target_layers"]),
         "data": {
-            "train_prompts": len(train_ex), "train_positions": sum(e.num_positions for e in train_ex),
+            "train_prompts": len(train_ex),
+            "train_positions": sum(e.num_positions for e in train_ex),
+            "train_generated_positions": sum(e.num_generated for e in train_ex),
             "held_out_prompts": {s: sorted(e.prompt_id for e in held_ex if e.source == s)
                                  for s in data_cfg["sources"]},
-            "held_out_positions": sum(e.num_positions for e in held_ex),
+            "held_out_generated_positions": sum(e.num_generated for e in held_ex),
         },
         "train_loss": {"first": round(sum(losses[:k]) / k, 4),
                        "last": round(sum(losses[-k:]) / k, 4), "averaged_over_steps": k},

@@ -86,17 +86,16 @@ class SLO(StrictModel):
     e2el_p99_ms: float | None = Field(default=None, gt=0)
     min_output_throughput: float | None = Field(default=None, gt=0)
 
-    def violations(self, m: Measurement) -> list[float]:
-        """Optuna constraint values: <= 0 is satisfied, > 0 by how much it is broken."""
-        out: list[float] = []
+    def violations(self, m: Measurement) -> dict[str, float]:
+        """Optuna constraint values by SLO name: <= 0 is satisfied, > 0 by how much it is broken."""
+        out: dict[str, float] = {}
         for name, limit in self:
             if limit is None:
                 continue
             if name == "min_output_throughput":
-                out.append(limit - m.output_throughput)
+                out[name] = limit - m.output_throughput
             else:
-                value = Objective(name).of(m)
-                out.append(value - limit)
+                out[name] = Objective(name).of(m) - limit
         return out
 
 
@@ -118,7 +117,7 @@ class StudyConfig(StrictModel):
         default="tpe",
         description="tpe (NSGA-II for two objectives), random, or grid: every candidate once, in order.",
     )
-    repeats: int = Field(default=2, ge=1, description="Windows per trial, on the same engine.")
+    repeats: int = Field(default=2, ge=1, description="Disjoint windows of the prompts per trial, on one engine (noise = their MAD).")
     startup_timeout: float = Field(default=600.0, gt=0)
     window_timeout: float | None = Field(default=1800.0, gt=0)
     log_dir: Path = Path("storage/logs")
@@ -203,17 +202,14 @@ class StudyResult:
 def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
     import optuna
 
-    def constraints(t: optuna.trial.FrozenTrial) -> list[float]:
-        return list(t.user_attrs.get("constraints", []))
-
     if config.sampler != "tpe":  # grid: the candidates are enqueued; random for anything beyond
         return optuna.samplers.RandomSampler(seed=config.seed)
     if len(config.objectives) > 1:
-        return optuna.samplers.NSGAIISampler(seed=config.seed, constraints_func=constraints)
-    return optuna.samplers.TPESampler(
-        seed=config.seed, constraints_func=constraints, n_startup_trials=4, multivariate=True,
-        group=True,
-    )
+        return optuna.samplers.NSGAIISampler(seed=config.seed)
+    # SLO constraints reach the samplers through Trial.set_constraint (Optuna >= 5).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=config.seed, n_startup_trials=4, multivariate=True, group=True)
 
 
 def headline(m: Measurement) -> dict[str, Any]:
@@ -336,7 +332,7 @@ def run_study(
         base = baseline_value()
         best: tuple[str | None, float | None] = (None, None)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if any(c > 0 for c in t.user_attrs.get("constraints", [])) or base is None:
+            if not t.user_attrs.get("feasible", True) or base is None:
                 continue
             s = speedup(primary, t.values[0], base)
             if best[1] is None or s > best[1]:
@@ -357,6 +353,8 @@ def run_study(
                 if k not in {"role", "retry_of"}:
                     trial.set_user_attr(k, v)
             trial.set_user_attr("duplicate_of", previous.number)
+            for slo_name, value in (previous.user_attrs.get("constraints") or {}).items():
+                trial.set_constraint(slo_name, value)
             counts["reused"] += 1
             if previous.state == optuna.trial.TrialState.FAIL:
                 reason = f"same candidate as trial {previous.number}: {previous.user_attrs['fail_reason']}"
@@ -391,7 +389,9 @@ def run_study(
             attrs["speedup"] = round(speedup(primary, values[0], base), 4)
         attrs["noise"] = relative_noise(primary, m)
         attrs["constraints"] = config.slo.violations(m)
-        attrs["feasible"] = all(c <= 0 for c in attrs["constraints"])
+        attrs["feasible"] = all(c <= 0 for c in attrs["constraints"].values())
+        for slo_name, value in attrs["constraints"].items():
+            trial.set_constraint(slo_name, value)
         for k, v in attrs.items():
             trial.set_user_attr(k, v)
         store.record(study_name=name, trial_id=trial._trial_id, trial_number=trial.number,

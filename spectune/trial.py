@@ -67,7 +67,7 @@ class AcceptanceStats(BaseModel):
 
 
 class WindowStats(BaseModel):
-    """Headline figures of one measured window (a trial repeats its window ``repeats`` times)."""
+    """Headline figures of one measured window (a trial measures ``repeats`` disjoint windows)."""
 
     duration_seconds: float
     output_throughput: float
@@ -210,8 +210,12 @@ def measure(
         EngineCrashedError: the engine died during the run.
         EngineError: every request failed although the engine lives, or counters unreadable.
     The engine's process group is gone when this returns or raises, KeyboardInterrupt included.
-    ``server_factory`` builds the server (same signature as :class:`VLLMServer`). The window
-    is run ``repeats`` times on the same engine, so that noise can be told from differences.
+    ``server_factory`` builds the server (same signature as :class:`VLLMServer`).
+
+    The prompts are sent in ``repeats`` windows of disjoint prompts on the same engine, so
+    that noise can be told from differences. No prompt is sent twice, and warm-up requests use
+    neutral text of their own: proposers that learn from earlier requests (suffix decoding)
+    would otherwise be measured on answers they have already seen.
     """
     hook = progress or (lambda phase, done, total: None)
     log_path = Path(log_dir) / _log_name(spec)
@@ -222,26 +226,27 @@ def measure(
         model = server.served_model_name
         try:
             if workload.warmup_requests:
-                warm = list(prompts[: workload.warmup_requests])
+                warm = warmup_prompts(workload.warmup_requests)
                 hook("warmup", 0, len(warm))
                 run_load(server.base_url, model, warm, workload, concurrency=1,
                          timeout=window_timeout)
             before = fetch_counters(server.base_url)
             results: list[LoadResult] = []
-            total = len(prompts) * repeats
-            for _ in range(repeats):
-                done = len(results) * len(prompts)
+            windows = split_windows(prompts, repeats)
+            total, done = len(prompts), 0
+            for window in windows:
                 hook("measure", done, total)
                 results.append(run_load(
-                    server.base_url, model, prompts, workload,
+                    server.base_url, model, window, workload,
                     progress=lambda d, t, done=done: hook("measure", done + d, total),
                     timeout=window_timeout,
                 ))
+                done += len(window)
             if not any(res.succeeded for res in results):
                 if not server.is_running():
                     raise _crashed(server)
                 raise EngineError(
-                    f"all {len(prompts) * repeats} requests failed; first: {results[0].records[0].error}",
+                    f"all {len(prompts)} requests failed; first: {results[0].records[0].error}",
                     log_tail=server.log_tail(), log_path=str(log_path),
                 )
             after = fetch_counters(server.base_url)
@@ -264,6 +269,23 @@ def measure(
             startup_seconds=server.startup_seconds or 0.0,
             peak_memory_bytes=server.peak_memory_bytes(),
         )
+
+
+def warmup_prompts(n: int) -> list[Prompt]:
+    """Neutral warm-up requests, unrelated to any workload's prompts."""
+    return [Prompt(id=f"warmup-{i}", text=f"Warm-up request {i}: count from one to ten.") for i in range(n)]
+
+
+def split_windows(prompts: Sequence[Prompt], repeats: int) -> list[list[Prompt]]:
+    """``prompts`` in ``repeats`` disjoint windows of (nearly) equal size, in order."""
+    n = max(1, min(repeats, len(prompts)))
+    size, extra = divmod(len(prompts), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        out.append(list(prompts[start:end]))
+        start = end
+    return out
 
 
 def _crashed(server: VLLMServer) -> EngineCrashedError:

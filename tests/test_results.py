@@ -1,0 +1,75 @@
+"""Choosing what to deploy: SLOs, noise band, baseline fallback (no engine: synthetic trials)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import optuna
+import pytest
+
+from spectune.config import EngineArgs, SpecConfig
+from spectune.load import LoadResult, RequestRecord
+from spectune.results import StudyView
+from spectune.storage import MeasurementStore
+from spectune.study import SLO, Objective
+from spectune.trial import summarize
+from spectune.workloads import WorkloadSpec
+
+
+def _study(trials: list[tuple[str, float, float | None, bool]]) -> StudyView:
+    """(label, throughput, noise, feasible) per trial; the first is the baseline."""
+    study = optuna.create_study(direction="maximize", study_name="s")
+    study.set_user_attr("objectives", ["output_throughput"])
+    base = trials[0][1]
+    for label, value, noise, feasible in trials:
+        method = "none" if label == "none" else "ngram"
+        spec = {"method": method} if method == "none" else {"method": "ngram", "num_speculative_tokens": 2}
+        study.add_trial(optuna.trial.create_trial(
+            value=value, params={}, distributions={},
+            user_attrs={"config": label, "spec": spec, "speedup": value / base, "noise": noise, "feasible": feasible},
+        ))
+    return StudyView(study, MeasurementStore("sqlite:///:memory:"), "sqlite:///:memory:")
+
+
+def test_a_config_that_breaks_the_slo_never_wins() -> None:
+    view = _study([("none", 10.0, 0.01, True), ("fast but late", 20.0, 0.01, False), ("ngram k=2", 13.0, 0.01, True)])
+    choice = view.best()
+    assert choice.row.label == "ngram k=2" and not choice.is_baseline
+
+
+def test_within_the_noise_band_the_baseline_is_exported_and_said_so() -> None:
+    view = _study([("none", 10.0, 0.02, True), ("ngram k=2", 10.3, 0.02, True)])
+    choice = view.best()
+    assert choice.is_baseline and choice.row.label == "none"
+    assert "within the noise band" in choice.reason and choice.noise_band == pytest.approx(0.04)
+    clear = _study([("none", 10.0, 0.02, True), ("ngram k=2", 12.0, 0.02, True)]).best()
+    assert not clear.is_baseline and "1.20x" in clear.reason
+
+
+def test_one_window_uses_the_noise_floor() -> None:
+    choice = _study([("none", 10.0, None, True), ("ngram k=2", 10.3, None, True)]).best()
+    assert choice.is_baseline and choice.noise_band == pytest.approx(0.04)
+
+
+def test_nothing_better_than_the_baseline() -> None:
+    choice = _study([("none", 10.0, 0.01, True), ("ngram k=2", 8.0, 0.01, True)]).best()
+    assert choice.is_baseline and "no speculative configuration" in choice.reason
+
+
+def _measurement(ttfts: list[float], e2els: list[float], tokens: int):  # noqa: ANN202
+    records = [RequestRecord(prompt_id=str(i), ok=True, ttft=t, e2el=e, output_tokens=tokens, prompt_tokens=5)
+               for i, (t, e) in enumerate(zip(ttfts, e2els, strict=True))]
+    result = LoadResult(records=records, duration=sum(e2els), concurrency=1)
+    return summarize([result], spec=SpecConfig(), engine=EngineArgs(model="m"),
+                     workload=WorkloadSpec(source="x"), acceptance=None, command=[], log_path=None,
+                     started_at=dt.datetime.now(dt.timezone.utc), startup_seconds=1.0, peak_memory_bytes=None)
+
+
+def test_slo_violations_are_optuna_constraints() -> None:
+    m = _measurement([0.1, 0.2, 0.3], [1.0, 1.0, 1.0], 11)
+    assert Objective.TPOT_MEDIAN.of(m) == pytest.approx((1.0 - 0.2) / 10 * 1000)
+    v = SLO(ttft_p99_ms=250, tpot_median_ms=100, min_output_throughput=5).violations(m)
+    assert v["ttft_p99_ms"] > 0  # p99 TTFT near 300 ms breaks 250 ms
+    assert v["tpot_median_ms"] == pytest.approx(80 - 100)
+    assert v["min_output_throughput"] == pytest.approx(5 - 33 / 3.0)
+    assert SLO().violations(m) == {}
