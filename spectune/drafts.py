@@ -88,11 +88,12 @@ _DRAFT_RECIPE: dict[str, Any] = {
         "prompt": "Prompt.as_text() (completions API), tokenizer defaults",
         "held_out": {k: list(v) for k, v in HELD_OUT.items()},
         "generation": "transformers greedy, float32, left-padded batches of similar length",
-        "labels": "target's top-k logits at every prompt position (teacher forcing) and along "
-                  "its greedy continuation",
+        "labels": "target's top-k logits at the last prompt_labels prompt positions (teacher "
+                  "forcing) and along its greedy continuation",
         "max_new_tokens": 32,
-        "generation_batch_size": 48,
-        "top_k": 16,
+        "prompt_labels": 64,
+        "generation_batch_size": 64,
+        "top_k": 8,
     },
     "architecture": {
         "target_layers": [0, 1],
@@ -104,12 +105,13 @@ _DRAFT_RECIPE: dict[str, Any] = {
         "loss": "cross-entropy to the target's renormalised top-k softmax, softmax over the "
                 "tokens of the training top-k only",
         "optimizer": "AdamW, one-cycle schedule, gradient norm clipped at 1",
-        "lr": 1e-3,
+        "lr": 1.5e-3,
         "batch_size": 16,
         "window": 64,
+        "end_share": 0.75,
     },
 }
-_DEFAULT_STEPS = 300
+_DEFAULT_STEPS = 100
 _THREADS = 1  # on 2 shared cores one thread is several times faster than two (OpenMP spinning)
 
 
@@ -117,19 +119,21 @@ _THREADS = 1  # on 2 shared cores one thread is several times faster than two (O
 class DistillExample:
     """One prompt, the target's greedy continuation of it, and the target's top-k logits.
 
-    ``ids`` holds the prompt's ``prompt_len`` tokens, then the continuation. Row ``t`` of
-    ``topk_ids`` / ``topk_logits`` is the target's top-k for the token after position ``t``
-    (``t = 0 .. len(ids) - 2``): on the prompt the target reads the prompt's text (teacher
-    forcing); from ``t = prompt_len - 1`` on, it reads its own greedy continuation, so there
-    ``topk_ids[t, 0] == ids[t + 1]``.
+    ``ids`` holds the prompt's ``prompt_len`` tokens, then the continuation. Row ``r`` of
+    ``topk_ids`` / ``topk_logits`` is the target's top-k for the token after position
+    ``first_label + r``, for every position from ``first_label`` to ``len(ids) - 2``. On the
+    prompt the target reads the prompt's text (teacher forcing); from position
+    ``prompt_len - 1`` on it reads its own greedy continuation, so there the top-1 is the next
+    token of ``ids``.
     """
 
     prompt_id: str
     source: str
     ids: Any  # LongTensor [L]
     prompt_len: int
-    topk_ids: Any  # LongTensor [L - 1, k]
-    topk_logits: Any  # FloatTensor [L - 1, k]
+    first_label: int
+    topk_ids: Any  # LongTensor [L - 1 - first_label, k]
+    topk_logits: Any  # FloatTensor [L - 1 - first_label, k]
 
     @property
     def num_positions(self) -> int:
@@ -205,7 +209,8 @@ def generate_distill_data(
     *,
     max_new_tokens: int,
     top_k: int,
-    batch_size: int = 48,
+    batch_size: int = 64,
+    prompt_labels: int | None = None,
 ) -> list[DistillExample]:
     """The target's greedy continuations of ``prompts`` ((source, Prompt) pairs), with its top-k
     logits at every position of prompt and continuation (see :class:`DistillExample`).
@@ -214,7 +219,8 @@ def generate_distill_data(
     defaults), sorted by length and generated in left-padded batches with ``generate``; the
     prompt positions' logits come from the same prefill (a hook on the final norm), so the
     prompt costs one forward pass. A continuation ends after the first end-of-sequence token
-    or at ``max_new_tokens``.
+    or at ``max_new_tokens``. ``prompt_labels`` keeps the top-k of only that many last positions
+    of each prompt (None: all).
     """
     import torch
     from transformers.generation import LogitsProcessorList
@@ -267,13 +273,14 @@ def generate_distill_data(
                             n = j + 1
                             break
                     n = min(n, gen_ids.shape[1])
-                    # Positions 0 .. P-2 of the prompt: the prefill's hidden states.
-                    h = hidden[row, width - len(toks): width - 1]
+                    # Prompt positions first .. P-2: from the prefill's hidden states.
+                    first = 0 if prompt_labels is None else max(0, len(toks) - 1 - prompt_labels)
+                    h = hidden[row, width - len(toks) + first: width - 1]
                     p_vals, p_idx = target.lm_head(h).float().topk(top_k, dim=-1)
                     out[i] = DistillExample(
                         prompt_id=pid, source=source,
                         ids=torch.tensor(toks + cont[:n], dtype=torch.long),
-                        prompt_len=len(toks),
+                        prompt_len=len(toks), first_label=first,
                         topk_ids=torch.cat([p_idx, gen_ids[row, :n]]).clone(),
                         topk_logits=torch.cat([p_vals, gen_logits[row, :n]]).clone(),
                     )
@@ -345,10 +352,15 @@ def _batch(items: Sequence[tuple[Any, int, Any, Any]]) -> dict[str, Any]:
 
 
 def window_batch(examples: Sequence[DistillExample], picks: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
-    """A training batch: for each ``(example, start, end)`` the tokens ``start .. end - 1`` as
-    input and the target's top-k at each of those positions as labels."""
-    return _batch([(examples[i].ids[a:b], 0, examples[i].topk_ids[a:b],
-                    examples[i].topk_logits[a:b]) for i, a, b in picks])
+    """A training batch: for each ``(example, start, end)`` (label rows) the tokens at positions
+    ``first_label + start .. first_label + end - 1`` as input and the target's top-k at each of
+    them as labels."""
+    items = []
+    for i, a, b in picks:
+        ex = examples[i]
+        f = ex.first_label
+        items.append((ex.ids[f + a: f + b], 0, ex.topk_ids[a:b], ex.topk_logits[a:b]))
+    return _batch(items)
 
 
 def greedy_path_batch(examples: Sequence[DistillExample]) -> dict[str, Any]:
@@ -356,7 +368,8 @@ def greedy_path_batch(examples: Sequence[DistillExample]) -> dict[str, Any]:
     items = []
     for ex in examples:
         first = ex.prompt_len - 1
-        items.append((ex.ids[:-1], first, ex.topk_ids[first:], ex.topk_logits[first:]))
+        r = first - ex.first_label
+        items.append((ex.ids[:-1], first, ex.topk_ids[r:], ex.topk_logits[r:]))
     return _batch(items)
 
 
@@ -393,10 +406,11 @@ def distill_loss(draft: Any, batch: dict[str, Any], *, vocab: Any = None,
     return -(p * logp.gather(-1, targets)).sum(-1).mean()
 
 
-def _pick_windows(examples: Sequence[DistillExample], n: int, window: int,
-                  gen: Any) -> list[tuple[int, int, int]]:
-    """``n`` random windows: an example drawn in proportion to its positions; half the windows
-    end at the example's end (the target's own continuation), the others anywhere."""
+def _pick_windows(examples: Sequence[DistillExample], n: int, window: int, gen: Any,
+                  end_share: float = 0.5) -> list[tuple[int, int, int]]:
+    """``n`` random windows: an example drawn in proportion to its positions; a share
+    ``end_share`` of the windows end at the example's end (so they hold the target's own
+    continuation), the others anywhere."""
     import torch
 
     weights = torch.tensor([float(e.num_positions) for e in examples])
@@ -404,7 +418,7 @@ def _pick_windows(examples: Sequence[DistillExample], n: int, window: int,
     for i in torch.multinomial(weights, n, replacement=True, generator=gen).tolist():
         total = examples[i].num_positions
         w = min(window, total)
-        if torch.rand((), generator=gen) < 0.5:
+        if float(torch.rand((), generator=gen)) < end_share:
             end = total
         else:
             end = w + int(torch.randint(0, total - w + 1, (), generator=gen))
@@ -421,12 +435,13 @@ def train_draft(
     window: int = 64,
     lr: float = 1e-3,
     seed: int = 0,
+    end_share: float = 0.5,
     restrict_vocab: bool = True,
 ) -> list[float]:
     """Distil ``examples`` into ``draft`` for ``steps`` steps; return the loss of every step.
 
-    Each step takes ``batch_size`` windows of at most ``window`` tokens (:func:`_pick_windows`,
-    drawn with ``seed``) and minimises :func:`distill_loss` at every position over the draft's
+    Each step takes ``batch_size`` windows of at most ``window`` tokens, a share ``end_share``
+    of them ending at an example's end (:func:`_pick_windows`, drawn with ``seed``), and minimises :func:`distill_loss` at every position over the draft's
     trainable parameters (AdamW, one-cycle learning rate peaking at ``lr``, gradient norm
     clipped at 1). With ``restrict_vocab`` the softmax runs over the tokens that occur in the
     examples' top-k only.
@@ -448,7 +463,8 @@ def train_draft(
     losses: list[float] = []
     draft.train()
     for _ in range(steps):
-        batch = window_batch(examples, _pick_windows(examples, batch_size, window, gen))
+        batch = window_batch(examples,
+                             _pick_windows(examples, batch_size, window, gen, end_share))
         loss = distill_loss(draft, batch, vocab=vocab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -557,12 +573,15 @@ def _build_draft_into(
     examples = generate_distill_data(
         target, tokenizer, train_prompts + held_prompts,
         max_new_tokens=data_cfg["max_new_tokens"], top_k=data_cfg["top_k"],
-        batch_size=data_cfg["generation_batch_size"],
+        batch_size=data_cfg["generation_batch_size"], prompt_labels=data_cfg["prompt_labels"],
     )
     held_keys = {(s, p.id) for s, p in held_prompts}
     train_ex = [e for e in examples if (e.source, e.prompt_id) not in held_keys]
     held_ex = [e for e in examples if (e.source, e.prompt_id) in held_keys]
     timings["generate_s"] = time.perf_counter() - t
+    logger.info("generated %d positions (%d along greedy paths) in %.0fs",
+                sum(e.num_positions for e in examples), sum(e.num_generated for e in examples),
+                timings["generate_s"])
 
     t = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
@@ -572,8 +591,11 @@ def _build_draft_into(
         before = draft_agreement(draft, held_ex)
         logger.info("distilling %d examples into the draft (%d steps)", len(train_ex), steps)
         losses = train_draft(draft, train_ex, steps=steps, batch_size=train_cfg["batch_size"],
-                             window=train_cfg["window"], lr=train_cfg["lr"], seed=seed)
+                             window=train_cfg["window"], lr=train_cfg["lr"], seed=seed,
+                             end_share=train_cfg["end_share"])
     timings["train_s"] = time.perf_counter() - t
+    logger.info("trained %d steps in %.0fs (loss %.2f -> %.2f)", steps, timings["train_s"],
+                losses[0], losses[-1])
     t = time.perf_counter()
     after = draft_agreement(draft, held_ex)
     timings["measure_s"] = time.perf_counter() - t

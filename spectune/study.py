@@ -45,6 +45,8 @@ __all__ = ["SLO", "Objective", "StudyConfig", "StudyEvent", "load_study_config",
 _logger = logging.getLogger(__name__)
 
 INTERRUPTED = "interrupted"
+MAX_ATTEMPTS_PER_TRIAL = 5
+"""A sampler that keeps suggesting measured candidates is stopped after this many tries per trial."""
 
 
 class Objective(str, Enum):
@@ -295,10 +297,12 @@ def run_study(
     def finished() -> list[optuna.trial.FrozenTrial]:
         # An engine failure counts as a finished trial (it is data). A trial failed by Ctrl-C, or
         # by Optuna's heartbeat after its worker died (no fail_reason), is retried instead.
+        # A candidate suggested again is answered from the earlier trial and does not count.
         return [t for t in study.get_trials(deepcopy=False)
-                if t.state == optuna.trial.TrialState.COMPLETE
-                or (t.state == optuna.trial.TrialState.FAIL
-                    and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED))]
+                if "duplicate_of" not in t.user_attrs
+                and (t.state == optuna.trial.TrialState.COMPLETE
+                     or (t.state == optuna.trial.TrialState.FAIL
+                         and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED)))]
 
     # the baseline first; interrupted candidates again
     trials = study.get_trials(deepcopy=False)
@@ -401,8 +405,14 @@ def run_study(
         _finish_event(hook, number, total, spec, "COMPLETE", values, None, best_so_far())
         return values if len(values) > 1 else values[0]
 
-    while (remaining := total - len(finished())) > 0:
-        study.optimize(objective, n_trials=remaining, catch=(EngineError,))
+    candidates = _count_candidates(space)
+    attempts = 0
+    while (remaining := total - len(finished())) > 0 and attempts < MAX_ATTEMPTS_PER_TRIAL * total:
+        if candidates is not None and len(finished()) >= candidates:
+            _logger.info("every candidate of the space has been measured")
+            break
+        study.optimize(objective, n_trials=1, catch=(EngineError,))
+        attempts += 1
     _annotate(study, store, url)
     return StudyResult(study_name=name, storage=url, **counts,
                        best=[t.number for t in study.best_trials] if _has_complete(study) else [])
@@ -418,6 +428,14 @@ def _features_with_outputs(prompts: Sequence[Prompt], m: Measurement) -> Workloa
         prompt_token_ids=[r.prompt_token_ids or [] for _, r in ok] if with_ids else None,
         output_token_ids=[r.token_ids or [] for _, r in ok] if with_ids else None,
     )
+
+
+def _count_candidates(space: object) -> int | None:
+    """How many distinct candidates a space has, or None when it is too large to list."""
+    try:
+        return len(space.enumerate())  # type: ignore[attr-defined]
+    except ConfigError:
+        return None
 
 
 def _annotate(study: optuna.Study, store: MeasurementStore, url: str) -> None:

@@ -146,25 +146,31 @@ def test_training_lowers_the_distillation_loss(tiny_target):
     target, tok = tiny_target
     train, held = split_prompts()
     examples = generate_distill_data(target, tok, train[::20] + held[::4], max_new_tokens=16,
-                                     top_k=8, batch_size=8)
-    assert examples and all(e.topk_ids.shape == (e.num_positions, 8) for e in examples)
-    # Along the greedy path, the target's top-1 is the token it generated.
-    ex = examples[0]
-    assert torch.equal(ex.topk_ids[:, 0], ex.ids[ex.start + 1: ex.start + 1 + ex.num_positions])
+                                     top_k=8, batch_size=8, prompt_labels=24)
+    assert examples
+    for ex in examples:
+        assert ex.topk_ids.shape == ex.topk_logits.shape == (ex.num_positions, 8)
+        assert ex.num_positions == len(ex.ids) - 1 - ex.first_label
+        assert ex.first_label == max(0, ex.prompt_len - 1 - 24)
+        assert 1 <= ex.num_generated <= 16
+        # Along the greedy path the target's top-1 is the token it generated.
+        r = ex.prompt_len - 1 - ex.first_label
+        assert torch.equal(ex.topk_ids[r:, 0], ex.ids[ex.prompt_len:])
+        assert torch.all(ex.topk_logits[:, :-1] >= ex.topk_logits[:, 1:])
 
     torch.manual_seed(0)
     draft = init_draft_from_target(target, [0])
-    fixed = drafts._pad_batch(examples, 64)
+    fixed = drafts.greedy_path_batch(examples)
     with torch.no_grad():
         before = float(distill_loss(draft, fixed))
-    losses = train_draft(draft, examples, steps=25, batch_size=4, lr=3e-3, seed=0, max_context=64)
+    losses = train_draft(draft, examples, steps=25, batch_size=4, window=32, lr=3e-3, seed=0)
     with torch.no_grad():
         after = float(distill_loss(draft, fixed))
     assert len(losses) == 25
     assert after < before - 0.05, (before, after)
     share = draft_agreement(draft, examples)
     assert 0.0 <= share["overall"] <= 1.0
-    assert share["positions"] == sum(e.num_positions for e in examples)
+    assert share["positions"] == sum(e.num_generated for e in examples)
 
 
 @pytest.mark.skipif(os.environ.get("SPECTUNE_DRAFT_FULL") != "1",

@@ -73,3 +73,20 @@ def test_slo_violations_are_optuna_constraints() -> None:
     assert v["tpot_median_ms"] == pytest.approx(80 - 100)
     assert v["min_output_throughput"] == pytest.approx(5 - 33 / 3.0)
     assert SLO().violations(m) == {}
+
+
+def test_two_objectives_choose_from_the_feasible_pareto_front() -> None:
+    study = optuna.create_study(directions=["maximize", "minimize"], study_name="pareto")
+    study.set_user_attr("objectives", ["output_throughput", "tpot_median_ms"])
+    rows = [("none", 10.0, 50.0, True), ("dominated", 11.0, 60.0, True), ("fast", 14.0, 45.0, True),
+            ("faster but breaks the SLO", 20.0, 30.0, False), ("low latency", 12.0, 20.0, True)]
+    for label, tput, tpot, feasible in rows:
+        spec = {"method": "none"} if label == "none" else {"method": "ngram", "num_speculative_tokens": 2}
+        study.add_trial(optuna.trial.create_trial(
+            values=[tput, tpot], params={}, distributions={},
+            user_attrs={"config": label, "spec": spec, "speedup": tput / 10.0, "noise": 0.01, "feasible": feasible},
+            system_attrs={} if feasible else {"constraints": [1.0]},
+        ))
+    view = StudyView(study, MeasurementStore("sqlite:///:memory:"), "sqlite:///:memory:")
+    choice = view.best()
+    assert choice.row.label == "fast"  # on the front, feasible, best first objective

@@ -68,11 +68,11 @@ def test_running_again_measures_nothing_twice(grid_study, tmp_path: Path) -> Non
     cfg = grid_study.config.model_copy(update={"storage": f"sqlite:///{tmp_path / 'copy.db'}"})
     again = run_study(cfg)
     assert (again.measured, again.failed) == (0, 0)
-    more = run_study(cfg.model_copy(update={"trials": 7}))
-    # the grid is exhausted: further trials are candidates measured before, reused, no engine
-    assert (more.measured, more.reused) == (0, 2)  # failed candidates are not run again either
-    view = open_study(cfg.storage, "grid")
-    assert len([r for r in view.rows if r.duplicate_of is not None]) == 2
+    before = len(open_study(cfg.storage, "grid").rows)
+    more = run_study(cfg.model_copy(update={"trials": 7, "sampler": "random"}))
+    # every candidate of the space has been measured (the failed one too): nothing more to run
+    assert (more.measured, more.failed) == (0, 0)
+    assert len(open_study(cfg.storage, "grid").rows) == before
 
 
 def test_export_is_accepted_by_vllms_own_parser(grid_study, tmp_path: Path) -> None:
@@ -188,3 +188,21 @@ def test_load_study_config_flags_override_the_file(tmp_path: Path) -> None:
     assert cfg.target == "b" and cfg.trials == 4
     assert cfg.workload.source == "mtbench" and cfg.workload.num_prompts == 3
     assert cfg.resolved_study_name() == "b-mtbench"
+
+
+def test_show_and_export_commands_read_the_study(grid_study, tmp_path: Path) -> None:
+    storage = grid_study.config.storage
+    show = subprocess.run([sys.executable, "-m", "spectune.cli", "show", "--storage", storage, "--study", "grid"],
+                          capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "200"})
+    assert show.returncode == 0, show.stderr
+    lines = [ln for ln in show.stdout.splitlines() if "COMPLETE" in ln or "FAIL" in ln]
+    assert len(lines) == 5 and "FAIL" in lines[-1]  # best first, the failure last
+    assert "1.000x" in show.stdout and "engine exited" in show.stdout
+    out = tmp_path / "deploy" / "best.yaml"
+    export = subprocess.run([sys.executable, "-m", "spectune.cli", "export", "--storage", storage, "--study", "grid",
+                             "-o", str(out)], capture_output=True, text=True, timeout=120, check=False)
+    assert export.returncode == 0, export.stderr
+    assert export.stdout.startswith(f"wrote {out}") and out.is_file()
+    missing = subprocess.run([sys.executable, "-m", "spectune.cli", "show", "--storage", storage, "--study", "nope"],
+                             capture_output=True, text=True, timeout=120, check=False)
+    assert missing.returncode == 2 and "no study named 'nope'" in missing.stderr
