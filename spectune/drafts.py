@@ -4,16 +4,18 @@
 tokenizer (byte-identical tokenizer files), so that vLLM can use it as a draft model
 (``{"model": DRAFT, "num_speculative_tokens": k}``). The recipe, offline and on CPU:
 
-1. **Data.** The target's own greedy continuations (transformers, float32) of the shipped
-   prompts (HumanEval and MT-Bench, as spectune sends them by default: the completions API
-   with :meth:`~spectune.workloads.Prompt.as_text`), keeping at each generated position the
-   target's top-k logits. Some prompts are held out for measuring (:data:`HELD_OUT`): among
-   them every prompt that ``spectune measure --num-prompts 8`` (seed 0) sends.
+1. **Data.** The target's own greedy continuations (transformers, float32, 32 tokens) of the
+   shipped prompts (HumanEval and MT-Bench, as spectune sends them by default: the completions
+   API with :meth:`~spectune.workloads.Prompt.as_text`), keeping the target's top-k logits at
+   each generated position and, from the same prefill, at the prompt's last 64 positions.
+   Some prompts are held out for measuring (:data:`HELD_OUT`): among them every prompt that
+   ``spectune measure --num-prompts 8`` (seed 0) sends.
 2. **Initialisation.** The draft is the target's embeddings, final norm and lm_head (tied and
    frozen) with a few of the target's decoder layers (:func:`init_draft_from_target`).
 3. **Distillation.** The layers and the final norm are trained to match the target's top-k
-   distribution along the target's greedy path (cross-entropy to the renormalised top-k
-   softmax, i.e. the KL up to a constant; :func:`train_draft`).
+   distribution on windows of that text, most of them ending on the target's continuation
+   (cross-entropy to the renormalised top-k softmax, i.e. the KL up to a constant, with the
+   softmax over the tokens seen in the top-k; :func:`train_draft`).
 4. **Measuring.** On the held-out prompts: the share of positions along the target's greedy
    path where the draft's argmax equals the target's (:func:`draft_agreement`), before and
    after training. Recorded in the marker file with the build time.
@@ -59,12 +61,15 @@ __all__ = [
     "HELD_OUT",
     "DistillExample",
     "build_smollm2_draft",
+    "distill_loss",
     "draft_agreement",
     "draft_name",
     "generate_distill_data",
+    "greedy_path_batch",
     "init_draft_from_target",
     "split_prompts",
     "train_draft",
+    "window_batch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -112,7 +117,9 @@ _DRAFT_RECIPE: dict[str, Any] = {
     },
 }
 _DEFAULT_STEPS = 100
-_THREADS = 1  # on 2 shared cores one thread is several times faster than two (OpenMP spinning)
+# On 2 cores shared with other work, two torch threads were up to 10x slower than one at
+# decoding (OpenMP threads waiting for each other), so the build uses one.
+_THREADS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +195,7 @@ def split_prompts(sources: Sequence[str] = ("humaneval", "mtbench")) -> tuple[li
 
 
 class _TopKRecorder:
-    """A logits processor that records each step's top-k logits and leaves the scores as they are."""
+    """A logits processor that records each step's top-k logits, leaving the scores as they are."""
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -351,7 +358,9 @@ def _batch(items: Sequence[tuple[Any, int, Any, Any]]) -> dict[str, Any]:
             "topk_logits": torch.cat([it[3] for it in items])}
 
 
-def window_batch(examples: Sequence[DistillExample], picks: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
+def window_batch(
+    examples: Sequence[DistillExample], picks: Sequence[tuple[int, int, int]]
+) -> dict[str, Any]:
     """A training batch: for each ``(example, start, end)`` (label rows) the tokens at positions
     ``first_label + start .. first_label + end - 1`` as input and the target's top-k at each of
     them as labels."""
@@ -441,7 +450,8 @@ def train_draft(
     """Distil ``examples`` into ``draft`` for ``steps`` steps; return the loss of every step.
 
     Each step takes ``batch_size`` windows of at most ``window`` tokens, a share ``end_share``
-    of them ending at an example's end (:func:`_pick_windows`, drawn with ``seed``), and minimises :func:`distill_loss` at every position over the draft's
+    of them ending at an example's end (:func:`_pick_windows`, drawn with ``seed``), and
+    minimises :func:`distill_loss` at every position over the draft's
     trainable parameters (AdamW, one-cycle learning rate peaking at ``lr``, gradient norm
     clipped at 1). With ``restrict_vocab`` the softmax runs over the tokens that occur in the
     examples' top-k only.
@@ -537,7 +547,7 @@ def _draft_is_built(dest: Path, request: dict[str, Any]) -> bool:
 
 def _copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
     names = sorted({p.name for g in _TOKENIZER_GLOBS for p in src.glob(g) if p.is_file()})
-    if "tokenizer.json" not in names and "tokenizer.model" not in names and "vocab.json" not in names:
+    if not {"tokenizer.json", "tokenizer.model", "vocab.json"} & set(names):
         raise ConfigError(f"{src}: no tokenizer files (tokenizer.json) to share with the draft")
     for name in names:
         shutil.copy2(src / name, dst / name)
@@ -655,8 +665,9 @@ def build_smollm2_draft(
     ``steps`` steps on the target's greedy continuations of the shipped HumanEval and MT-Bench
     prompts, with the target's tokenizer files copied byte for byte. Its marker file
     (:data:`DRAFT_MARKER`) records the recipe, seed, steps, build time and the measured
-    agreement on held-out prompts. See the module docstring for the recipe. About 5 minutes on
-    2 CPU cores for SmolLM2 (one torch thread).
+    agreement on held-out prompts. See the module docstring for the recipe. For SmolLM2 about
+    7 minutes on 2 shared CPU cores with one torch thread (5 for the target's continuations,
+    under 2 for training); ``steps`` costs about 1 s each.
 
     ``num_prompts`` limits the prompts of each split (training, held out) for quick builds of
     small targets (tests); None takes them all.

@@ -9,6 +9,7 @@ import datetime as dt
 import logging
 import re
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -243,7 +244,7 @@ def measure(
                 ))
                 done += len(window)
             if not any(res.succeeded for res in results):
-                if not server.is_running():
+                if not _still_running(server):
                     raise _crashed(server)
                 raise EngineError(
                     f"all {len(prompts)} requests failed; first: {results[0].records[0].error}",
@@ -256,7 +257,7 @@ def measure(
                 log_path=str(log_path),
             ) from e
         except EngineError as e:
-            if not server.is_running():
+            if not isinstance(e, EngineCrashedError) and not _still_running(server):
                 raise _crashed(server) from e
             raise
         if not server.is_running():
@@ -269,6 +270,17 @@ def measure(
             startup_seconds=server.startup_seconds or 0.0,
             peak_memory_bytes=server.peak_memory_bytes(),
         )
+
+
+def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:
+    """Whether the engine lives, allowing a killed one ``grace`` seconds to be seen as dead:
+    its clients see the connection reset before its parent sees the exit."""
+    deadline = time.monotonic() + grace
+    while server.is_running():
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def warmup_prompts(n: int) -> list[Prompt]:

@@ -6,7 +6,6 @@ The full build (about 5 minutes on 2 cores) is measured by benchmarks/smollm2_dr
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -85,9 +84,7 @@ def test_second_call_returns_at_once_and_other_requests_rebuild(built_draft, tin
 
     monkeypatch.setattr(drafts, "_build_draft_into", no_build)
     mtime = (path / DRAFT_MARKER).stat().st_mtime_ns
-    t0 = time.perf_counter()
-    assert build_smollm2_draft(tiny_models.target, cache, **SMALL) == path
-    assert time.perf_counter() - t0 < 1.0
+    assert build_smollm2_draft(tiny_models.target, cache, **SMALL) == path  # no_build would raise
     assert (path / DRAFT_MARKER).stat().st_mtime_ns == mtime
 
     def failing_build(*a, **k):  # noqa: ANN002, ANN003, ANN202
@@ -172,10 +169,3 @@ def test_training_lowers_the_distillation_loss(tiny_target):
     assert 0.0 <= share["overall"] <= 1.0
     assert share["positions"] == sum(e.num_generated for e in examples)
 
-
-@pytest.mark.skipif(os.environ.get("SPECTUNE_DRAFT_FULL") != "1",
-                    reason="the full SmolLM2 draft build takes minutes (SPECTUNE_DRAFT_FULL=1)")
-def test_smollm2_draft_agrees_with_its_target_on_held_out_prompts():
-    path = build_smollm2_draft()
-    marker = json.loads((path / DRAFT_MARKER).read_text())
-    assert marker["agreement"]["after_training"]["overall"] > 0.3
