@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from spectune.engines._watchdog import group_alive
 from spectune.config import EngineArgs, SpecConfig, parse_spec
 from spectune.counters import SpecCounters, parse_counters
 from spectune.engines import VLLMServer, detect_platform, summarize_failure
@@ -442,29 +443,19 @@ def bench_command(
     return cmd
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stop_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     """Stop the tool's whole process group (it leads its own session): SIGTERM, then SIGKILL."""
     pgid = proc.pid
     for sig in (signal.SIGTERM, signal.SIGKILL):
         proc.poll()
-        if not _group_alive(pgid):
+        if not group_alive(pgid):
             break
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             proc.poll()
-            if not _group_alive(pgid):
+            if not group_alive(pgid):
                 break
             time.sleep(0.1)
     with contextlib.suppress(subprocess.TimeoutExpired):

@@ -16,7 +16,8 @@ import sys
 import time
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` exists."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -38,9 +39,9 @@ def main() -> int:
         except ProcessLookupError:
             return 0
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and _group_alive(pgid):
+        while time.monotonic() < deadline and group_alive(pgid):
             time.sleep(0.1)
-        if not _group_alive(pgid):
+        if not group_alive(pgid):
             return 0
     return 0
 
