@@ -367,8 +367,7 @@ def run_study(
                 raise EngineError(reason)
             _finish_event(hook, number, total, spec, "REUSED", previous.values, None, best_so_far())
             return previous.values if len(previous.values) > 1 else previous.values[0]
-        tp = trial_progress(spec.label()) if trial_progress else None
-        phase_hook = tp
+        phase_hook = trial_progress(spec.label()) if trial_progress else None
         try:
             m = measure(engine, spec, config.workload, prompts, log_dir=config.log_dir,
                         startup_timeout=config.startup_timeout, window_timeout=config.window_timeout,
