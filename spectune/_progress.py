@@ -105,6 +105,9 @@ class StudyProgress:
                                      completed=0, total=None)
             else:
                 self.console.print(f"trial {e.number} of {e.total}: {escape(e.label)} ...")
+        elif e.kind == "guide_stop":
+            self.console.print(f"guided search stops: the {e.done} candidates left are predicted clearly "
+                               f"worse than the best measured  [dim]{best}[/dim]", soft_wrap=True)
         elif e.kind == "trial_end":
             value = f"{e.values[0]:.4g}" if e.values else ""
             color = {"COMPLETE": "green", "REUSED": "cyan", "FAIL": "red"}.get(e.state, "white")
@@ -136,10 +139,14 @@ def render_study(view: object, console: Console | None = None) -> None:
     assert isinstance(view, StudyView)
     console = console or Console()
     t = Table(title=f"study {escape(view.name)} ({', '.join(f'{o} {d}' for o, d in zip(view.objectives, view.directions, strict=False))})")
-    for col in ("#", "state", "config", *view.objectives, "speedup", "acceptance", "accept len", "note"):
+    guided = any(r.predicted is not None for r in view.rows)
+    for col in ("#", "state", "config", *view.objectives, *(["predicted"] if guided else []),
+                "speedup", "acceptance", "accept len", "note"):
         t.add_column(col, overflow="fold")
     for r in view.sorted_rows():
         vals = [f"{v:.4g}" for v in r.values] if r.values else ["-"] * len(view.objectives)
+        if guided:
+            vals.append(_fmt(r.predicted, ".4g"))
         note = r.fail_reason or ("" if r.feasible else "breaks SLO")
         if r.duplicate_of is not None:
             note = f"same as #{r.duplicate_of}"
@@ -147,3 +154,7 @@ def render_study(view: object, console: Console | None = None) -> None:
                   _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
                   _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(note))
     console.print(t)
+    skipped = (view.study.user_attrs.get("guide") or {}).get("skipped") or []
+    if skipped:
+        console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "
+                      f"the best measured (spectune predict ranks them)")

@@ -128,6 +128,7 @@ def optimize(
     storage: Annotated[Optional[str], typer.Option(help="Storage URL (default sqlite:///storage/spectune.db).")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: from target and workload).")] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
+    sampler: Annotated[Optional[str], typer.Option(help="guided (default: measure what the models predict best or know least, stop when the rest is clearly worse), tpe, random or grid.")] = None,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune._progress import StudyProgress
@@ -136,7 +137,7 @@ def optimize(
     cfg = load_study_config(config, {
         "target": target, "draft": draft, "space": space, "workload": workload,
         "objectives": objective or None, "trials": trials, "storage": storage,
-        "study_name": study, "seed": seed,
+        "study_name": study, "seed": seed, "sampler": sampler,
     })
     console = _err_console()
     with StudyProgress(console, cfg.trials) as progress:
@@ -176,12 +177,14 @@ def export(
     output: Annotated[Path, typer.Option("--output", "-o", help="YAML file for vllm serve --config.")] = Path("best.yaml"),
     storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
+    schedule: Annotated[bool, typer.Option(help="Add num_speculative_tokens_per_batch_size, a k per batch size from the cost model.")] = False,
+    max_batch: Annotated[int, typer.Option(min=1, help="Largest batch size the schedule covers (vLLM's max_num_seqs).")] = 256,
 ) -> None:
     """Write the best feasible configuration as a vllm serve --config YAML, with provenance."""
     from spectune.export import export_best
     from spectune.results import open_study
 
-    result = export_best(open_study(storage, study), output)
+    result = export_best(open_study(storage, study), output, schedule_max_batch=max_batch if schedule else None)
     typer.echo(f"wrote {result.path} ({result.choice.row.label}): {result.choice.reason}")
     typer.echo(f"provenance: {result.provenance_path}")
 
@@ -224,11 +227,11 @@ def predict(
     """Rank the space's unmeasured candidates by predicted objective, with intervals and their source."""
     from rich.console import Console
 
-    from spectune.predict import predict_study, predictions_table
+    from spectune.predict import predictions_table
     from spectune.results import open_study
 
     view = open_study(storage, study)
-    predictions = predict_study(view)
+    predictions = view.predict()
     title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
     Console().print(predictions_table(predictions[:top], title=title))
 

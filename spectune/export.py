@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from spectune._util import atomic_write_text
-from spectune.errors import StorageError
+from spectune.errors import ConfigError, StorageError
 from spectune.results import Choice, StudyView
 
-__all__ = ["ExportResult", "export_best", "vllm_config"]
+if TYPE_CHECKING:
+    from spectune.trial import Measurement
+
+__all__ = ["ExportResult", "batch_schedule", "export_best", "vllm_config"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,45 @@ def _provenance_path(path: Path) -> Path:
     return path.with_name(path.stem + ".provenance.json")
 
 
-def export_best(view: StudyView, path: Path) -> ExportResult:
-    """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``."""
+def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_batch: int) -> dict[str, Any]:
+    """The ``num_speculative_tokens_per_batch_size`` schedule of the measured candidate ``m``,
+    from its per-position acceptance and its proposer's cost ``c`` fitted on the study's trials
+    (:func:`spectune.predict.derive_schedule`), with what it rests on.
+
+    Raises:
+        ConfigError: ``m`` has no acceptance counters or baseline TPOT to derive it from.
+    """
+    from spectune.predict import CostPoint, derive_schedule, fit_cost
+    from spectune.predict._measured import effective_k, measured_profile
+
+    profile = measured_profile(m)
+    t0 = baseline.tpot_ms.median
+    k = effective_k(m.spec)
+    if profile is None or not profile.per_position or not t0 or not k:
+        raise ConfigError(f"{m.spec.label()}: no acceptance counters or baseline TPOT to derive a batch schedule from")
+    points = []
+    for r in view.complete():
+        if r.is_baseline or r.duplicate_of is not None:
+            continue
+        other = view.store.measurement(r.trial_id)
+        if other is not None and (other.spec.method, other.spec.model) == (m.spec.method, m.spec.model):
+            points.extend(p for p in [CostPoint.from_measurement(other)] if p is not None)
+    cost = fit_cost(t0, points)
+    schedule = derive_schedule(profile, c1=cost.c, measured_concurrency=m.concurrency,
+                               max_batch=max_batch, max_k=min(k, len(profile.per_position)))
+    return {"num_speculative_tokens_per_batch_size": schedule.to_vllm(), "c": cost.c,
+            "c_from_trials": cost.n, "measured_concurrency": m.concurrency, "max_batch": max_batch,
+            "model": "t(b,k)/t(b,0) = 1 + c(b) k, c(b) = B b / (A + B b) fitted at the measured "
+                     "concurrency; k(b) maximises E(k) / (1 + c(b) k) (spectune.predict._schedule)"}
+
+
+def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None = None) -> ExportResult:
+    """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``.
+
+    With ``schedule_max_batch``, a speculative choice also gets vLLM's
+    ``num_speculative_tokens_per_batch_size`` for batch sizes 1..``schedule_max_batch``
+    (:func:`batch_schedule`; needs a vLLM with dynamic speculative decoding, 0.32 has it).
+    """
     choice = view.best()
     row = choice.row
     m = view.store.measurement(row.trial_id)
@@ -57,6 +97,11 @@ def export_best(view: StudyView, path: Path) -> ExportResult:
         raise StorageError(f"study {view.name}: trial {row.number} has no stored measurement in spectune_trials")
     engine = m.engine.model_dump(exclude={"host", "env"})
     config = vllm_config(engine, m.engine.model, row.spec)
+    schedule = None
+    if schedule_max_batch is not None and not choice.is_baseline:
+        schedule = batch_schedule(view, m, base_m, schedule_max_batch)
+        config["speculative-config"]["num_speculative_tokens_per_batch_size"] = \
+            schedule["num_speculative_tokens_per_batch_size"]
     objective = view.objectives[0]
     header = [
         f"vllm serve --config {path.name}   (written by spectune)",
@@ -91,6 +136,7 @@ def export_best(view: StudyView, path: Path) -> ExportResult:
         "versions": m.versions.model_dump(),
         "hardware": m.hardware.model_dump(),
         "vllm_config": config,
+        "batch_schedule": schedule,
     }
     path = Path(path)
     prov = _provenance_path(path)

@@ -15,7 +15,10 @@ from spectune.storage import MeasurementStore, open_optuna_storage, resolve_stor
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Choice", "StudyView", "TrialRow", "open_study"]
+    from spectune.predict import Prediction, StudyInputs, TrainingTrial
+    from spectune.trial import Measurement
+
+__all__ = ["Choice", "StudyView", "TrialRow", "measured_trials", "open_study"]
 
 NOISE_FLOOR = 0.02
 """Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
@@ -38,6 +41,8 @@ class TrialRow:
     feasible: bool
     duplicate_of: int | None
     fail_reason: str | None
+    predicted: float | None = None
+    """The first objective as predicted before the trial ran (guided search), if it was."""
 
     @property
     def is_baseline(self) -> bool:
@@ -64,7 +69,7 @@ class StudyView:
         self.url = url
         self.objectives: list[str] = list(study.user_attrs.get("objectives") or study.metric_names or ["value"])
         self.directions = [d.name.lower() for d in study.directions]
-        self.rows = [_row(t) for t in study.get_trials(deepcopy=False)]
+        self.rows = [_row(t, self.objectives[0]) for t in study.get_trials(deepcopy=False)]
 
     @property
     def name(self) -> str:
@@ -112,9 +117,63 @@ class StudyView:
                           f"(+-{band:.1%}) of the baseline", band)
         return Choice(best, base, False, f"{best.speedup:.2f}x the baseline (noise band +-{band:.1%})", band)
 
+    def prediction_inputs(self) -> StudyInputs:
+        """The unmeasured candidates of the study's space, its baseline and its measured trials.
 
-def _row(t: optuna.trial.FrozenTrial) -> TrialRow:
+        The space is the one stored with the study (``spectune_config``); a candidate counts as
+        measured when a trial completed it or its engine failed on it (a trial interrupted, or
+        abandoned by a dead worker, does not count).
+
+        Raises:
+            ConfigError: the study was not made by spectune, has no completed baseline, or its
+                space cannot be loaded.
+            StorageError: the storage cannot be read.
+        """
+        from spectune.predict import LearnedAcceptance, StudyInputs
+        from spectune.space import load_space
+        from spectune.storage import spec_key
+        from spectune.workloads import WorkloadFeatures
+
+        cfg = self.study.user_attrs.get("spectune_config")
+        if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
+            raise ConfigError(f"study {self.name} carries no spectune configuration to read its space from")
+        space = load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft"))
+        done = {spec_key(r.spec or None) for r in self.rows
+                if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
+        base_row = self.baseline()
+        if base_row is None:
+            raise ConfigError(f"study {self.name} has no completed baseline trial to predict from")
+        baseline = self.store.measurement(base_row.trial_id)
+        if baseline is None:
+            raise ConfigError(f"study {self.name}: the baseline trial {base_row.number} has no stored measurement")
+        measured: list[Measurement] = []
+        for r in self.complete():
+            if r.is_baseline or r.duplicate_of is not None:
+                continue
+            m = self.store.measurement(r.trial_id)
+            if m is not None:
+                measured.append(m)
+        candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
+        raw = self.study.user_attrs.get("workload_features")
+        features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
+        learned = LearnedAcceptance.fit(measured_trials(self.url))
+        return StudyInputs(candidates, baseline, measured, self.objectives[0], self.directions[0] == "maximize",
+                           features, learned)
+
+    def predict(self) -> list[Prediction]:
+        """Predict every candidate of the study's space not measured yet, best first by its first
+        objective (:func:`spectune.predict.predict_candidates`).
+
+        Raises:
+            ConfigError: as :meth:`prediction_inputs`.
+            StorageError: the storage cannot be read.
+        """
+        return self.prediction_inputs().predict()
+
+
+def _row(t: optuna.trial.FrozenTrial, objective: str) -> TrialRow:
     attrs = t.user_attrs
+    predicted = attrs.get(f"predicted_{objective}")
     return TrialRow(
         number=t.number, trial_id=t._trial_id, state=t.state.name,
         label=attrs.get("config", "?"), spec=attrs.get("spec", {}),
@@ -124,6 +183,7 @@ def _row(t: optuna.trial.FrozenTrial) -> TrialRow:
         mean_acceptance_length=attrs.get("mean_acceptance_length"),
         feasible=bool(attrs.get("feasible", True)), duplicate_of=attrs.get("duplicate_of"),
         fail_reason=attrs.get("fail_reason"),
+        predicted=predicted if isinstance(predicted, int | float) else None,
     )
 
 
@@ -144,3 +204,30 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
     study = optuna.load_study(study_name=study_name, storage=rdb)
     return StudyView(study, MeasurementStore(url), url)
 
+
+def measured_trials(url: str) -> list[TrainingTrial]:
+    """Every measured speculative trial of every study in the storage at ``url``, with its study's
+    workload features: the training data of :class:`spectune.predict.LearnedAcceptance`.
+
+    Raises:
+        StorageError: the storage cannot be read.
+    """
+    import optuna
+
+    from spectune.predict import TrainingTrial
+    from spectune.workloads import WorkloadFeatures
+
+    rdb = open_optuna_storage(url)
+    store = MeasurementStore(url)
+    out: list[TrainingTrial] = []
+    for summary in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+        raw = summary.user_attrs.get("workload_features")
+        try:
+            features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
+        except ValueError:
+            features = {}
+        for t in store.trials(summary.study_name):
+            m = t.measurement()
+            if m is not None and not m.spec.is_baseline:
+                out.append(TrainingTrial(m, features))
+    return out

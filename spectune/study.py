@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import statistics
 import warnings
@@ -115,9 +116,12 @@ class StudyConfig(StrictModel):
     storage: str | None = None
     study_name: str | None = None
     seed: int = 0
-    sampler: Literal["tpe", "random", "grid"] = Field(
-        default="tpe",
-        description="tpe (NSGA-II for two objectives), random, or grid: every candidate once, in order.",
+    sampler: Literal["guided", "tpe", "random", "grid"] = Field(
+        default="guided",
+        description="guided: after the baseline, measure what the acceptance and cost models rank most "
+        "promising or most uncertain, and stop when the rest is predicted clearly worse (one objective; "
+        "NSGA-II for two, TPE for a space too large to list); tpe (NSGA-II for two objectives); random; "
+        "grid: every candidate once, in order.",
     )
     repeats: int = Field(default=2, ge=1, description="Disjoint windows of the prompts per trial, on one engine (noise = their MAD).")
     startup_timeout: float = Field(default=600.0, gt=0)
@@ -174,7 +178,7 @@ def load_study_config(path: Path | None, overrides: dict[str, Any]) -> StudyConf
 class StudyEvent:
     """Progress of a study, given to the progress hook after each trial and during one."""
 
-    kind: str  # "trial_start", "trial_phase", "trial_end"
+    kind: str  # "trial_start", "trial_phase", "trial_end", "guide_stop" (done = candidates skipped)
     number: int
     total: int
     label: str
@@ -204,11 +208,12 @@ class StudyResult:
 def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
     import optuna
 
-    if config.sampler != "tpe":  # grid: the candidates are enqueued; random for anything beyond
+    if config.sampler in ("grid", "random"):  # grid: the candidates are enqueued; random beyond
         return optuna.samplers.RandomSampler(seed=config.seed)
     if len(config.objectives) > 1:
         return optuna.samplers.NSGAIISampler(seed=config.seed)
     # SLO constraints reach the samplers through Trial.set_constraint (Optuna >= 5).
+    # guided: its picks are enqueued; TPE answers when the space cannot be listed
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(seed=config.seed, n_startup_trials=4, multivariate=True, group=True)
@@ -252,8 +257,13 @@ def run_study(
     *,
     progress: StudyHook | None = None,
     trial_progress: Callable[[str], TrialHook | None] | None = None,
+    measure_fn: Callable[..., Measurement] | None = None,
 ) -> StudyResult:
     """Run (or resume) the study ``config`` describes until it has ``config.trials`` finished trials.
+
+    ``measure_fn`` replaces :func:`spectune.trial.measure` (same arguments): a recorded
+    landscape answers with :meth:`spectune.landscape.Landscape.measurer`, to compare search
+    strategies without engines.
 
     Raises ConfigError / StorageError for bad input before anything is written, and lets
     KeyboardInterrupt through after the running engine has been stopped.
@@ -262,8 +272,10 @@ def run_study(
 
     from spectune.pairing import check_pairing
     from spectune.space import load_space
-    from spectune.trial import measure
+    from spectune.trial import measure as measure_engine
     from spectune.workloads import load_prompts
+
+    measure = measure_fn or measure_engine
 
     # -- validate everything before touching the storage or starting an engine ----------------
     engine = config.engine_args()
@@ -405,16 +417,79 @@ def run_study(
         return values if len(values) > 1 else values[0]
 
     candidates = _count_candidates(space)
+    guided = config.sampler == "guided" and len(config.objectives) == 1 and candidates is not None
+    if config.sampler == "guided" and not guided:
+        _logger.info("guided search needs one objective and a space that can be listed; using %s",
+                     "NSGA-II" if len(config.objectives) > 1 else "TPE")
     attempts = 0
     while (remaining := total - len(finished())) > 0 and attempts < MAX_ATTEMPTS_PER_TRIAL * total:
         if candidates is not None and len(finished()) >= candidates:
             _logger.info("every candidate of the space has been measured")
+            break
+        if guided and not _pending(study) and not _enqueue_guided(study, store, url, space, config, hook):
             break
         study.optimize(objective, n_trials=1, catch=(EngineError,))
         attempts += 1
     _annotate(study, store, url)
     return StudyResult(study_name=name, storage=url, **counts,
                        best=[t.number for t in study.best_trials] if _has_complete(study) else [])
+
+
+def _pending(study: optuna.Study) -> bool:
+    """Whether an enqueued trial is waiting to run."""
+    import optuna
+
+    return bool(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)))
+
+
+def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, space: Any,
+                    config: StudyConfig, hook: StudyHook) -> bool:
+    """Enqueue the guided plan's next candidate, with its prediction as trial attributes.
+
+    False when the search should stop: every candidate left is predicted clearly worse than
+    the best measured (the skipped ones are listed in the study attribute ``guide``). Without a
+    measured baseline there is nothing to predict from and the sampler chooses (True).
+    """
+    import optuna
+
+    from spectune.predict import plan_next
+    from spectune.results import StudyView
+
+    view = StudyView(study, store, url)
+    if view.baseline() is None:
+        return True
+    inputs = view.prediction_inputs()
+    busy = {t.user_attrs.get("spec_key") for t in study.get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}  # other workers' candidates
+    todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
+    if not todo:
+        return True
+    sign = 1.0 if inputs.maximize else -1.0
+    # the best measured, at the low end of its own noise: one lucky window does not end the search
+    feasible = [r.values[0] * (1.0 - sign * (r.noise or 0.0)) for r in view.complete() if r.feasible and r.values]
+    best = max(feasible, key=lambda v: sign * v) if feasible else -sign * math.inf  # none yet: all could
+    step = sum(1 for t in study.get_trials(deepcopy=False) if "guide_reason" in t.user_attrs
+               and "retry_of" not in t.user_attrs)
+    plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step)
+    study.set_user_attr("guide", {
+        "best_measured": best,
+        "candidates_left": len(plan.candidates),
+        "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
+                     "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}
+                    for p in plan.skipped],
+    })
+    if plan.pick is None:
+        _logger.info("guided search stops: the %d candidates left are predicted clearly worse than %.4g",
+                     len(plan.skipped), best)
+        hook(StudyEvent("guide_stop", 0, config.trials, "", done=len(plan.skipped)))
+        return False
+    p = plan.pick
+    study.enqueue_trial(space.params_of(p.spec), user_attrs={
+        f"predicted_{p.objective}": p.value.value, "predicted_low": p.value.low,
+        "predicted_high": p.value.high, "predicted_acceptance_length": p.mean_acceptance_length,
+        "prediction_source": p.source, "guide_reason": plan.reason, "guide_step": step,
+    })
+    return True
 
 
 def _features_with_outputs(prompts: Sequence[Prompt], m: Measurement) -> WorkloadFeatures:

@@ -23,7 +23,6 @@ from spectune.predict import (
     leviathan_expected_tokens,
     leviathan_improvement,
     predict_candidates,
-    predict_study,
     replay_suffix,
     suffix_available,
 )
@@ -130,7 +129,7 @@ def test_cost_model_recovers_c() -> None:
         points.append(CostPoint(Method.DRAFT_MODEL, "d", k, t0 * (1 + c_true * k) / e * noise, e))
     exact = fit_cost(t0, [CostPoint(p.method, p.model, p.k, t0 * (1 + c_true * p.k) / p.tokens_per_step,
                                     p.tokens_per_step) for p in points])
-    assert exact.c == pytest.approx(c_true, rel=1e-12)
+    assert exact.c == pytest.approx(c_true, rel=1e-9) and exact.overhead == pytest.approx(0.0, abs=1e-9)
     fitted = fit_cost(t0, points)
     assert abs(fitted.c - c_true) < 0.01, f"fitted c={fitted.c:.4f}, true {c_true}"
     assert fitted.low <= c_true <= fitted.high and fitted.n == 5
@@ -286,7 +285,7 @@ def test_predict_study_ranks_the_unmeasured_candidates_of_the_stored_space(tmp_p
     url = f"sqlite:///{tmp_path / 'p.db'}"
     baseline, measured = _synthetic_study()
     _store_study(url, "synthetic", space, [baseline, *measured], draft="good-draft")
-    preds = predict_study(open_study(url, "synthetic"))
+    preds = open_study(url, "synthetic").predict()
     labels = [p.label for p in preds]
     # measured: none, draft_model k=4 and ngram k=4; the other four are predicted
     assert sorted(labels) == sorted(["ngram k=1 lookup=1..3", "ngram k=2 lookup=1..3", "ngram k=3 lookup=1..3",
@@ -312,7 +311,7 @@ def test_predict_study_needs_a_baseline(tmp_path: Path) -> None:
     _, measured = _synthetic_study()
     _store_study(url, "no-base", space, measured, draft="good-draft")
     with pytest.raises(ConfigError, match="no completed baseline"):
-        predict_study(open_study(url, "no-base"))
+        open_study(url, "no-base").predict()
 
 
 # -- replay against real engines ------------------------------------------------------------------------
@@ -383,7 +382,7 @@ def test_predict_study_replays_ngram_over_the_real_baseline(runs: dict[str, Meas
     space.write_text(SPACE)
     url = f"sqlite:///{tmp_path / 'real.db'}"
     _store_study(url, "real", space, [runs["baseline"], runs["ngram"]], draft=None)
-    preds = predict_study(open_study(url, "real"))
+    preds = open_study(url, "real").predict()
     by = {p.label: p for p in preds}
     assert sorted(by) == ["ngram k=1 lookup=1..3", "ngram k=2 lookup=1..3", "ngram k=4 lookup=1..3"]
     assert {p.source for p in preds} == {"replay"}

@@ -1,6 +1,7 @@
 """Modelling: acceptance arithmetic, offline replay, a cost model, and the ranking of candidates.
 
-Pure functions over stored measurements: no engine here. Acceptance depends on the target, the
+Pure functions over measurements: no engine and no storage here (reading a study's inputs is
+:meth:`spectune.results.StudyView.prediction_inputs`). Acceptance depends on the target, the
 proposer, the workload and the sampling, not on the hardware; for model-free proposers it is
 replayed exactly from the baseline's recorded outputs. Cost depends on the hardware and is
 fitted on the study's measured trials. Together they predict candidates never run.
@@ -23,30 +24,42 @@ from spectune.predict._cost import (
     fit_cost,
     fit_cost_model,
 )
-from spectune.predict._rank import PRIOR_ALPHA, Prediction, predict_candidates, predict_study
+from spectune.predict._guide import DEFAULT_MARGIN, GuidePlan, could_beat, plan_next
+from spectune.predict._learned import LearnedAcceptance, TrainingTrial
+from spectune.predict._rank import PRIOR_ALPHA, Prediction, StudyInputs, predict_candidates
 from spectune.predict._replay import ReplayAcceptance, ReplayRequest, replay_ngram, replay_suffix, suffix_available
+from spectune.predict._schedule import BatchSchedule, batch_cost, derive_schedule
 from spectune.predict._table import predictions_table
 
 __all__ = [
     "COST_PRIORS",
+    "DEFAULT_MARGIN",
     "PRIOR_ALPHA",
     "AcceptanceProfile",
+    "BatchSchedule",
     "CostModel",
     "CostPoint",
     "Estimate",
+    "GuidePlan",
+    "LearnedAcceptance",
     "Prediction",
     "ProposerCost",
     "ReplayAcceptance",
     "ReplayRequest",
+    "StudyInputs",
+    "TrainingTrial",
     "acceptance_rate_at",
+    "batch_cost",
     "conditional_acceptance",
+    "could_beat",
+    "derive_schedule",
     "expected_tokens_per_step",
     "fit_cost",
     "fit_cost_model",
     "leviathan_expected_tokens",
     "leviathan_improvement",
+    "plan_next",
     "predict_candidates",
-    "predict_study",
     "predictions_table",
     "replay_ngram",
     "replay_suffix",

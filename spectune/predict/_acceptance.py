@@ -121,6 +121,14 @@ class AcceptanceProfile:
         return math.fsum(self.per_position) / length if length > 0 else 0.0
 
     @property
+    def drafted_per_step(self) -> float:
+        """Drafted tokens per decode step over all steps: what verification (and a model draft)
+        costs. ``k`` for model drafts; fewer for n-gram and suffix drafts, which skip steps with
+        no match and can be shorter than ``k``."""
+        length = self.mean_draft_length if self.mean_draft_length is not None else float(self.k)
+        return self.draft_share * length
+
+    @property
     def tokens_per_step(self) -> float:
         """Output tokens per decode step over all steps, drafted or not: what divides step time."""
         return 1.0 + self.draft_share * math.fsum(self.per_position)

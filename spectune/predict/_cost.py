@@ -1,16 +1,24 @@
 """Cost model: time per output token of a candidate, from measured trials of the same hardware.
 
-A decode step with a proposer drafting ``k`` tokens costs ``t0 * (1 + c * k)``, where ``t0`` is
+A decode step with a proposer drafting ``d`` tokens costs ``t0 * (1 + c * d)``, where ``t0`` is
 one step of the target alone and ``c`` the cost of one drafted (and verified) token relative
-to it (Leviathan et al. 2023, section 3.4). A step yields ``E`` tokens on average (acceptance,
-:class:`~spectune.predict.AcceptanceProfile.tokens_per_step`), so::
+to it (Leviathan et al. 2023, section 3.4, with ``d = k``). A step yields ``E`` tokens on
+average (acceptance, :class:`~spectune.predict.AcceptanceProfile.tokens_per_step`), so::
 
-    TPOT(k, proposer) = t0 * (1 + c * k) / E
+    TPOT(proposer) = t0 * (1 + overhead + c * d) / E
+
+``d`` is the drafted tokens per step over all steps
+(:attr:`~spectune.predict.AcceptanceProfile.drafted_per_step`): ``k`` for a model draft, less
+for n-gram lookup and suffix decoding, which draft only where they find a match and often fewer
+than ``k`` tokens (suffix decoding's ``k`` is only a limit). ``overhead`` is what a speculative
+step costs whatever it drafts (proposing, rejection sampling), fitted once a proposer has trials
+at several ``d`` (:func:`fit_cost`).
 
 ``t0`` is the baseline's median TPOT. ``c`` is fitted per proposer (method and draft model,
 falling back to the method with other models) by least squares over its measured trials, with
-``E`` from each trial's own counters; its interval spans the per-trial estimates of ``c``
-widened by the relative noise of one measurement. A proposer never measured gets the prior
+``E`` and ``d`` from each trial's own counters; its interval spans the per-trial estimates of
+``c`` widened by each trial's measured noise (the spread of its windows, at least
+:data:`REL_NOISE`). A proposer never measured gets the prior
 :data:`COST_PRIORS`, with the interval ``[c/3, 3c]``.
 
 Output throughput at the study's concurrency is predicted as
@@ -33,7 +41,7 @@ from spectune.predict._measured import effective_k, measured_profile
 if TYPE_CHECKING:
     from spectune.trial import Measurement
 
-__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model"]
+__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model", "window_noise"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -69,37 +77,75 @@ class CostPoint:
     tpot_ms: float
     tokens_per_step: float
     label: str = ""
+    drafted: float | None = None
+    """Drafted tokens per step (``d``); None means ``k``."""
+    noise: float = 0.0
+    """Relative noise of this trial's TPOT (spread of its windows)."""
+
+    @property
+    def d(self) -> float:
+        return self.drafted if self.drafted is not None and self.drafted > 0 else float(self.k)
 
     @classmethod
-    def from_measurement(cls, m: Measurement) -> CostPoint | None:
-        """The point of a speculative measurement; None for the baseline or without TPOT or counters."""
+    def from_measurement(cls, m: Measurement, *, throughput_of: Measurement | None = None) -> CostPoint | None:
+        """The point of a speculative measurement; None for the baseline or without TPOT or counters.
+
+        With ``throughput_of`` (the baseline), the time per token is the throughput-equivalent
+        one, ``t0 * baseline throughput / throughput``: a cost model fitted on such points
+        predicts output throughput, prefill and scheduling included, rather than TPOT.
+        """
         spec = m.spec
         profile = measured_profile(m)
         k = effective_k(spec)
         if spec.is_baseline or profile is None or m.tpot_ms.median is None or not k:
             return None
-        return cls(spec.method, spec.model, k, m.tpot_ms.median, profile.tokens_per_step, spec.label())
+        time_ms = m.tpot_ms.median
+        if throughput_of is not None:
+            t0 = throughput_of.tpot_ms.median
+            if t0 is None or m.output_throughput <= 0:
+                return None
+            time_ms = t0 * throughput_of.output_throughput / m.output_throughput
+        return cls(spec.method, spec.model, k, time_ms, profile.tokens_per_step, spec.label(),
+                   drafted=profile.drafted_per_step, noise=window_noise(m))
+
+
+def window_noise(m: Measurement) -> float:
+    """Relative spread of a measurement's windows: half the range of their throughput over the
+    median (0 with one window)."""
+    values = sorted(w.output_throughput for w in m.windows if w.output_throughput > 0)
+    if len(values) < 2:
+        return 0.0
+    mid = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    return (values[-1] - values[0]) / 2 / mid
 
 
 @dataclass(frozen=True)
 class ProposerCost:
-    """``c`` of one proposer: estimate, interval, how many trials it rests on, where it comes from
-    (``fit``: this proposer's trials; ``fit-method``: the method's trials with other models;
-    ``prior``: :data:`COST_PRIORS`)."""
+    """Cost of one proposer: ``c`` per drafted token (estimate and interval) and the fixed
+    ``overhead`` of a speculative step (proposing, rejection sampling; 0 until it can be fitted),
+    how many trials it rests on, where it comes from (``fit``: this proposer's trials;
+    ``fit-method``: the method's trials with other models; ``prior``: :data:`COST_PRIORS`)."""
 
     c: float
     low: float
     high: float
     n: int
     source: str
+    overhead: float = 0.0
+
+
+MIN_OVERHEAD_POINTS = 3
+"""Trials, spanning at least one drafted token per step, needed to fit the overhead beside ``c``."""
 
 
 def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") -> ProposerCost:
-    """Least-squares ``c`` of ``TPOT = t0 (1 + c k) / E`` over ``points`` (all of one proposer).
+    """Least squares of ``TPOT E / t0 - 1 = overhead + c d`` over ``points`` (all of one proposer).
 
-    Linear in ``c``: with ``x = t0 k / E`` and ``y = TPOT - t0 / E``, ``c = sum(xy) / sum(xx)``.
-    The interval spans the per-point estimates ``(TPOT E / t0 - 1) / k``, each widened by
-    :data:`REL_NOISE` of its TPOT.
+    With :data:`MIN_OVERHEAD_POINTS` points whose ``d`` span at least 1, both the overhead and
+    ``c`` are fitted (a speculative step on a small model or a fast GPU pays a fixed price for
+    proposing and rejection sampling, whatever it drafts); otherwise the overhead is 0 and
+    ``c = sum(d y) / sum(d d)``. The interval of ``c`` spans the per-point estimates
+    ``(y - overhead) / d``, each widened by its noise (at least :data:`REL_NOISE`).
 
     Raises:
         ValueError: no points, or ``t0 <= 0``.
@@ -108,14 +154,21 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") 
         raise ValueError("no measured trials to fit c on")
     if t0_ms <= 0:
         raise ValueError(f"baseline TPOT must be > 0, got {t0_ms}")
-    xs = [t0_ms * p.k / p.tokens_per_step for p in points]
-    ys = [p.tpot_ms - t0_ms / p.tokens_per_step for p in points]
-    c = math.fsum(x * y for x, y in zip(xs, ys, strict=True)) / math.fsum(x * x for x in xs)
-    each = [(p.tpot_ms * p.tokens_per_step / t0_ms - 1.0) / p.k for p in points]
-    widen = [REL_NOISE * p.tpot_ms * p.tokens_per_step / t0_ms / p.k for p in points]
+    ds = [p.d for p in points]
+    ys = [p.tpot_ms * p.tokens_per_step / t0_ms - 1.0 for p in points]
+    overhead = 0.0
+    c = math.fsum(d * y for d, y in zip(ds, ys, strict=True)) / math.fsum(d * d for d in ds)
+    if len(points) >= MIN_OVERHEAD_POINTS and max(ds) - min(ds) >= 1.0:
+        md, my = math.fsum(ds) / len(ds), math.fsum(ys) / len(ys)
+        slope = (math.fsum((d - md) * (y - my) for d, y in zip(ds, ys, strict=True))
+                 / math.fsum((d - md) ** 2 for d in ds))
+        if slope >= 0.0:
+            c, overhead = slope, my - slope * md
+    each = [(y - overhead) / d for d, y in zip(ds, ys, strict=True)]
+    widen = [max(REL_NOISE, p.noise) * p.tpot_ms * p.tokens_per_step / t0_ms / p.d for p in points]
     low = min(min(e - w for e, w in zip(each, widen, strict=True)), c)
     high = max(max(e + w for e, w in zip(each, widen, strict=True)), c)
-    return ProposerCost(c=c, low=low, high=high, n=len(points), source=source)
+    return ProposerCost(c=c, low=low, high=high, n=len(points), source=source, overhead=overhead)
 
 
 @dataclass(frozen=True)
@@ -150,25 +203,27 @@ class CostModel:
             return self.proposers[(spec.method, spec.model)]
         if spec.method in self.methods:
             fitted = self.methods[spec.method]
-            return ProposerCost(fitted.c, fitted.low, fitted.high, fitted.n, "fit-method")
+            return ProposerCost(fitted.c, fitted.low, fitted.high, fitted.n, "fit-method", fitted.overhead)
         if spec.method not in self.priors:
             raise ConfigError(f"no cost known for method {spec.method}")
         c = self.priors[spec.method]
         return ProposerCost(c, c / PRIOR_SPREAD, c * PRIOR_SPREAD, 0, "prior")
 
-    def tpot_ms(self, k: int, c: float, tokens_per_step: float) -> float:
-        """``t0 (1 + c k) / E``."""
-        return self.t0_ms * (1.0 + c * k) / tokens_per_step
+    def tpot_ms(self, d: float, c: float, tokens_per_step: float, overhead: float = 0.0) -> float:
+        """``t0 (1 + overhead + c d) / E``."""
+        return self.t0_ms * (1.0 + overhead + c * d) / tokens_per_step
 
-    def predict_tpot(self, spec: SpecConfig, tokens_per_step: Estimate) -> Estimate:
-        """TPOT of ``spec`` given its tokens per step (an interval): low from the cheapest ``c``
-        and most tokens, high from the dearest ``c`` and fewest."""
+    def predict_tpot(self, spec: SpecConfig, tokens_per_step: Estimate, drafted: float | None = None) -> Estimate:
+        """TPOT of ``spec`` given its tokens per step (an interval) and drafted tokens per step
+        (default ``k``): low from the cheapest ``c`` and most tokens, high from the dearest
+        ``c`` and fewest."""
         cost = self.cost(spec)
-        k = effective_k(spec) or 1  # a proposer whose own config sets k: assume one token
+        d = drafted if drafted is not None else float(effective_k(spec) or 1)  # own-config k: assume 1
+        o = cost.overhead
         return Estimate(
-            self.tpot_ms(k, cost.c, tokens_per_step.value),
-            self.tpot_ms(k, max(cost.low, 0.0), tokens_per_step.high),
-            self.tpot_ms(k, cost.high, tokens_per_step.low),
+            self.tpot_ms(d, cost.c, tokens_per_step.value, o),
+            self.tpot_ms(d, max(cost.low, 0.0), tokens_per_step.high, o),
+            self.tpot_ms(d, cost.high, tokens_per_step.low, o),
         )
 
     def throughput(self, tpot_ms: float) -> float:

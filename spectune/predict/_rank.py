@@ -10,6 +10,8 @@ Acceptance of each candidate comes from the best source there is, named in
 - ``extrapolation``: the same proposer measured only at a smaller ``k``: the positions beyond
   continue with the last measured conditional acceptance (interval: from "nothing more
   accepted" to "everything that reached the last position accepted");
+- ``learned``: the proposer not measured in this study: the random forest over every trial in
+  the storage (:class:`~spectune.predict.LearnedAcceptance`), once it has seen the method;
 - ``prior``: nothing measured: Leviathan's constant-alpha formula with :data:`PRIOR_ALPHA`.
 
 Cost from :class:`~spectune.predict.CostModel` (fitted on the study's measured trials).
@@ -17,9 +19,8 @@ Cost from :class:`~spectune.predict.CostModel` (fitted on the study's measured t
 
 from __future__ import annotations
 
-import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from spectune.config import Method, SpecConfig
 from spectune.errors import ConfigError
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
 from spectune.predict._cost import CostModel, CostPoint, Estimate, fit_cost_model
+from spectune.predict._learned import LearnedAcceptance
 from spectune.predict._measured import (
     accepted_sd,
     effective_k,
@@ -38,12 +40,10 @@ from spectune.predict._measured import (
 from spectune.predict._replay import ReplayAcceptance, replay_ngram, replay_suffix, suffix_available
 
 if TYPE_CHECKING:
-    from spectune.results import StudyView
     from spectune.trial import Measurement
 
-__all__ = ["PRIOR_ALPHA", "Prediction", "predict_candidates", "predict_study"]
+__all__ = ["PRIOR_ALPHA", "Prediction", "StudyInputs", "predict_candidates"]
 
-_logger = logging.getLogger(__name__)
 
 PRIOR_ALPHA: dict[Method, float] = {
     Method.NGRAM: 0.3,
@@ -164,7 +164,8 @@ def _prior(spec: SpecConfig, k: int) -> _Accept:
 
 
 def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Measurement],
-                replays: dict[str, ReplayAcceptance | None]) -> _Accept:
+                replays: dict[str, ReplayAcceptance | None], learned: LearnedAcceptance | None = None,
+                features: Mapping[str, float] | None = None) -> _Accept:
     k = effective_k(spec) or 1
     if spec.method in (Method.NGRAM, Method.SUFFIX):
         key = spec.model_dump_json()
@@ -176,7 +177,14 @@ def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Meas
             if baseline.workload.sampling.temperature > 0:
                 note += "; temperature > 0: approximate"
             return _exact("replay", rep.profile(), note)
-    return _from_measured(spec, k, measured) or _prior(spec, k)
+    found = _from_measured(spec, k, measured)
+    if found is not None:
+        return found
+    if learned is not None and learned.knows(spec.method):
+        profile, tokens = learned.predict(spec, temperature=baseline.workload.sampling.temperature,
+                                          features=features or {})
+        return _Accept("learned", profile, tokens, f"forest over {sum(learned.counts.values())} trials")
+    return _prior(spec, k)
 
 
 # -- objectives ---------------------------------------------------------------------------------
@@ -212,11 +220,15 @@ def predict_candidates(
     *,
     objective: str = "output_throughput",
     maximize: bool = True,
+    learned: LearnedAcceptance | None = None,
+    features: Mapping[str, float] | None = None,
 ) -> list[Prediction]:
     """Predict each of ``candidates`` from the baseline and the measured trials; best first.
 
     ``measured`` are the study's speculative measurements (the cost model is fitted on them and
-    truncation reads them). Baseline candidates are skipped.
+    truncation reads them). Baseline candidates are skipped. ``learned`` (with the study's
+    workload ``features``) answers for proposers that neither replay nor the study's own
+    trials cover, before the priors.
 
     Raises:
         ConfigError: the baseline has no TPOT or throughput, or the objective is unknown.
@@ -224,25 +236,33 @@ def predict_candidates(
     t0 = baseline.tpot_ms.median
     if t0 is None or t0 <= 0 or baseline.output_throughput <= 0:
         raise ConfigError("the baseline measurement has no TPOT or throughput to predict from")
+    # TPOT from a cost model fitted on TPOT; throughput (and a throughput objective) from one
+    # fitted on throughput, which also carries what speculation does to the prefill's share
     cost = fit_cost_model(t0, baseline.output_throughput,
                           [p for m in measured if (p := CostPoint.from_measurement(m)) is not None])
+    cost_thr = fit_cost_model(t0, baseline.output_throughput, [
+        p for m in measured if (p := CostPoint.from_measurement(m, throughput_of=baseline)) is not None])
     base_value, scale = _objective_scaler(objective, baseline)
     replays: dict[str, ReplayAcceptance | None] = {}
     out: list[Prediction] = []
     for spec in candidates:
         if spec.is_baseline:
             continue
-        acc = _acceptance(spec, baseline, measured, replays)
-        tpot = cost.predict_tpot(spec, acc.tokens)
-        values = sorted(scale(t / t0) for t in (tpot.value, tpot.low, tpot.high))
-        value = Estimate(scale(tpot.value / t0), values[0], values[-1])
+        acc = _acceptance(spec, baseline, measured, replays, learned, features)
+        tpot = cost.predict_tpot(spec, acc.tokens, acc.profile.drafted_per_step)
+        per_token = cost_thr.predict_tpot(spec, acc.tokens, acc.profile.drafted_per_step)
+        throughput = Estimate(cost_thr.throughput(per_token.value), cost_thr.throughput(per_token.high),
+                              cost_thr.throughput(per_token.low))
+        if objective == "output_throughput":
+            value = throughput
+        else:
+            values = sorted(scale(t / t0) for t in (tpot.value, tpot.low, tpot.high))
+            value = Estimate(scale(tpot.value / t0), values[0], values[-1])
         out.append(Prediction(
             label=spec.label(), spec=spec, source=acc.source,
             acceptance_rate=acc.profile.acceptance_rate,
             mean_acceptance_length=acc.profile.mean_acceptance_length,
-            tokens_per_step=acc.tokens, tpot_ms=tpot,
-            output_throughput=Estimate(cost.throughput(tpot.value), cost.throughput(tpot.high),
-                                       cost.throughput(tpot.low)),
+            tokens_per_step=acc.tokens, tpot_ms=tpot, output_throughput=throughput,
             objective=objective, value=value, cost_source=cost.cost(spec).source, note=acc.note,
         ))
     sign = -1.0 if maximize else 1.0
@@ -250,41 +270,20 @@ def predict_candidates(
     return out
 
 
-def predict_study(view: StudyView) -> list[Prediction]:
-    """Predict every candidate of the study's space not measured yet, best first by its first objective.
+@dataclass(frozen=True)
+class StudyInputs:
+    """What predictions of a study rest on: its unmeasured candidates, baseline and measured trials."""
 
-    The space is the one stored with the study (``spectune_config``); a candidate counts as
-    measured when a trial completed it or its engine failed on it.
+    candidates: list[SpecConfig]
+    baseline: Measurement
+    measured: list[Measurement]
+    objective: str
+    maximize: bool
+    features: dict[str, float]
+    learned: LearnedAcceptance | None
 
-    Raises:
-        ConfigError: the study was not made by spectune, has no completed baseline, or its
-            space cannot be loaded.
-        StorageError: the storage cannot be read.
-    """
-    from spectune.space import load_space
-    from spectune.storage import spec_key
-
-    cfg = view.study.user_attrs.get("spectune_config")
-    if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
-        raise ConfigError(f"study {view.name} carries no spectune configuration to read its space from")
-    space = load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft"))
-    done = {spec_key(r.spec or None) for r in view.rows
-            if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
-    base_row = view.baseline()
-    if base_row is None:
-        raise ConfigError(f"study {view.name} has no completed baseline trial to predict from")
-    baseline = view.store.measurement(base_row.trial_id)
-    if baseline is None:
-        raise ConfigError(f"study {view.name}: the baseline trial {base_row.number} has no stored measurement")
-    measured: list[Measurement] = []
-    for r in view.complete():
-        if r.is_baseline or r.duplicate_of is not None:
-            continue
-        m = view.store.measurement(r.trial_id)
-        if m is not None:
-            measured.append(m)
-    candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
-    _logger.info("study %s: predicting %d unmeasured candidates from %d measured trials",
-                 view.name, len(candidates), len(measured))
-    return predict_candidates(candidates, baseline, measured, objective=view.objectives[0],
-                              maximize=view.directions[0] == "maximize")
+    def predict(self, candidates: Sequence[SpecConfig] | None = None) -> list[Prediction]:
+        """Predictions of ``candidates`` (default: every unmeasured one), best first."""
+        return predict_candidates(self.candidates if candidates is None else candidates, self.baseline,
+                                  self.measured, objective=self.objective, maximize=self.maximize,
+                                  learned=self.learned, features=self.features)

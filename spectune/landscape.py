@@ -1,0 +1,184 @@
+"""A landscape: every candidate of a space measured once on real engines, kept as a file.
+
+Recorded from a grid study (:meth:`Landscape.from_study`), a landscape answers a study again
+without engines: :meth:`Landscape.measurer` replays each candidate's recorded Measurement (or
+its recorded engine failure) in :func:`spectune.study.run_study`, so that search strategies
+(guided, TPE, random, grid) can be compared on the same real numbers, counting the engine
+seconds each one would have spent. The benchmark ``benchmarks/search_efficiency.py`` and the
+tests of guided search use it.
+
+Model paths are kept as recorded; :meth:`Landscape.rebase` points them at another copy of the
+same checkpoints (tiny models are rebuilt deterministically on each machine).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from spectune._util import StrictModel, atomic_write_text, validate
+from spectune.config import SpecConfig
+from spectune.errors import ConfigError, EngineError
+from spectune.storage import spec_key
+from spectune.trial import Measurement
+
+if TYPE_CHECKING:
+    from spectune.results import StudyView
+    from spectune.study import StudyConfig
+
+__all__ = ["Landscape", "LandscapePoint"]
+
+FORMAT_VERSION = 1
+
+
+class LandscapePoint(StrictModel):
+    """One candidate: its recorded Measurement or engine failure, and what measuring it cost."""
+
+    spec: dict[str, Any] = Field(description="vLLM's speculative_config, {'method': 'none'} for the baseline.")
+    label: str
+    engine_seconds: float = Field(ge=0, description="Wall time of the trial: engine start, warm-up, windows, stop.")
+    measurement: Measurement | None = None
+    error: str | None = None
+
+    @property
+    def key(self) -> str:
+        return spec_key(None if self.spec.get("method", "none") == "none" else self.spec)
+
+
+class Landscape(StrictModel):
+    """Every candidate of one study's space, measured once (see the module docstring)."""
+
+    format_version: int = FORMAT_VERSION
+    recorded_at: dt.datetime
+    study_config: dict[str, Any] = Field(description="The StudyConfig the grid study ran with.")
+    points: list[LandscapePoint]
+
+    # -- making and keeping ---------------------------------------------------------------
+
+    @classmethod
+    def from_study(cls, view: StudyView) -> Landscape:
+        """The landscape of a finished grid study: each candidate's first finished trial.
+
+        Raises:
+            ConfigError: the study was not made by spectune or has no completed trial.
+        """
+        cfg = view.study.user_attrs.get("spectune_config")
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"study {view.name} carries no spectune configuration")
+        points: dict[str, LandscapePoint] = {}
+        for t in view.study.get_trials(deepcopy=False):
+            if t.state.name not in ("COMPLETE", "FAIL") or "duplicate_of" in t.user_attrs:
+                continue
+            reason = t.user_attrs.get("fail_reason")
+            if t.state.name == "FAIL" and reason in (None, "interrupted"):
+                continue
+            if t.datetime_start is None or t.datetime_complete is None:
+                continue
+            m = view.store.measurement(t._trial_id) if t.state.name == "COMPLETE" else None
+            if t.state.name == "COMPLETE" and m is None:
+                continue
+            point = LandscapePoint(
+                spec=t.user_attrs.get("spec") or {"method": "none"}, label=t.user_attrs.get("config", "?"),
+                engine_seconds=(t.datetime_complete - t.datetime_start).total_seconds(),
+                measurement=m, error=reason if m is None else None,
+            )
+            points.setdefault(point.key, point)
+        if not any(p.measurement for p in points.values()):
+            raise ConfigError(f"study {view.name} has no completed trial to make a landscape of")
+        return cls(recorded_at=dt.datetime.now(dt.UTC), study_config=cfg, points=list(points.values()))
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, self.model_dump_json(indent=None) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Landscape:
+        """Raises ConfigError naming the file when it is missing or not a landscape."""
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the landscape: {e.strerror or e}") from e
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: line {e.lineno}: not JSON: {e.msg}") from e
+        return validate(cls, data, str(path))
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def target(self) -> str:
+        return str(self.study_config["target"])
+
+    @property
+    def draft(self) -> str | None:
+        return self.study_config.get("draft")
+
+    def point(self, spec: SpecConfig) -> LandscapePoint | None:
+        return self.by_key().get(spec_key(spec.to_vllm()))
+
+    def by_key(self) -> dict[str, LandscapePoint]:
+        return {p.key: p for p in self.points}
+
+    def value(self, point: LandscapePoint, objective: str) -> float | None:
+        """The point's measured value of ``objective`` (None for an engine failure)."""
+        from spectune.study import Objective
+
+        return None if point.measurement is None else Objective(objective).of(point.measurement)
+
+    def config(self, **overrides: Any) -> StudyConfig:
+        """The recorded StudyConfig with ``overrides`` (storage, sampler, study_name, trials...)."""
+        from spectune.study import StudyConfig
+
+        return validate(StudyConfig, {**self.study_config, **overrides}, "landscape study config")
+
+    def rebase(self, target: str, draft: str | None = None) -> Landscape:
+        """The same landscape with the recorded target (and draft) paths replaced by these."""
+        old = {self.target: target}
+        if self.draft is not None and draft is not None:
+            old[self.draft] = draft
+
+        def move(value: Any) -> Any:
+            return old.get(value, value) if isinstance(value, str) else value
+
+        points = []
+        for p in self.points:
+            spec = {k: move(v) if k == "model" else v for k, v in p.spec.items()}
+            m = p.measurement
+            if m is not None:
+                m = m.model_copy(update={
+                    "spec": m.spec.model_copy(update={"model": move(m.spec.model)}),
+                    "engine": m.engine.model_copy(update={"model": move(m.engine.model)}),
+                })
+            points.append(p.model_copy(update={"spec": spec, "measurement": m}))
+        cfg = {**self.study_config, "target": target}
+        if draft is not None:
+            cfg["draft"] = draft
+        return self.model_copy(update={"study_config": cfg, "points": points})
+
+    # -- replaying -----------------------------------------------------------------------
+
+    def measurer(self, spent: list[tuple[str, float]] | None = None) -> Callable[..., Measurement]:
+        """A stand-in for :func:`spectune.trial.measure` that answers from this landscape.
+
+        Each call appends ``(label, engine_seconds)`` to ``spent``. A candidate recorded as an
+        engine failure raises EngineError with the recorded reason, as the engine did.
+
+        Raises (from the returned function):
+            ConfigError: the candidate is not in the landscape (another space was given).
+        """
+        points = self.by_key()
+
+        def measure(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+            p = points.get(spec_key(spec.to_vllm()))
+            if p is None:
+                raise ConfigError(f"candidate {spec.label()} is not in the landscape")
+            if spent is not None:
+                spent.append((p.label, p.engine_seconds))
+            if p.measurement is None:
+                raise EngineError(p.error or "engine failed")
+            return p.measurement
+
+        return measure

@@ -1,0 +1,90 @@
+"""Model-guided search: which candidate to measure next, and when the rest is not worth measuring.
+
+After the baseline, every unmeasured candidate of the space is predicted
+(:func:`~spectune.predict.predict_candidates`) with an interval. The plan:
+
+- a candidate is *clearly worse* when even its optimistic bound does not beat the best value
+  measured so far by more than ``margin`` (the noise band of one measurement): it is skipped;
+- of the rest, the next to measure alternates between the *most promising* (best predicted
+  value) and the *most uncertain* (widest interval, relative to its value). A proposer not
+  measured yet has prior-wide intervals, so the uncertain picks measure each proposer once (at
+  its most uncertain ``k``, usually the largest, whose counters then predict every smaller ``k``
+  by truncation), and the promising picks confirm the predicted winners;
+- when nothing is left that could beat the best, the search stops, whatever its trial budget.
+
+Pure functions of measurements: :func:`spectune.study.run_study` enqueues the picks as Optuna
+trials (with the prediction stored beside the measurement), and the search-efficiency
+benchmark replays the same plan on a recorded landscape.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from spectune.predict._rank import Prediction
+
+__all__ = ["DEFAULT_MARGIN", "GuidePlan", "plan_next"]
+
+DEFAULT_MARGIN = 0.02
+"""A candidate must be able to beat the best measured value by this much (relative) to be
+measured: the noise of one measurement (as :data:`spectune.results.NOISE_FLOOR`)."""
+
+Reason = Literal["promising", "uncertain"]
+
+
+@dataclass(frozen=True)
+class GuidePlan:
+    """The next candidate to measure (None: stop), why, and what the plan skipped."""
+
+    pick: Prediction | None
+    reason: Reason | None
+    candidates: list[Prediction]
+    """Candidates that could still beat the best, best predicted first."""
+    skipped: list[Prediction]
+    """Candidates predicted clearly worse than the best measured value."""
+
+    def __bool__(self) -> bool:
+        return self.pick is not None
+
+
+def could_beat(p: Prediction, best: float, *, maximize: bool, margin: float = DEFAULT_MARGIN) -> bool:
+    """Whether the optimistic end of ``p``'s interval beats ``best`` by more than ``margin``."""
+    if maximize:
+        return p.value.high > best * (1.0 + margin)
+    return p.value.low < best * (1.0 - margin)
+
+
+def relative_width(p: Prediction) -> float:
+    """Width of the prediction's interval relative to its value (0 for an exact one)."""
+    width = p.value.high - p.value.low
+    scale = abs(p.value.value)
+    return width / scale if scale > 0 and math.isfinite(width) else math.inf
+
+
+def plan_next(
+    ranking: Sequence[Prediction],
+    *,
+    best: float,
+    maximize: bool = True,
+    step: int = 0,
+    margin: float = DEFAULT_MARGIN,
+) -> GuidePlan:
+    """Plan the next measurement among the unmeasured candidates' predictions ``ranking``
+    (best first, as :func:`~spectune.predict.predict_candidates` returns them).
+
+    ``best`` is the best (feasible) value measured so far, the baseline's included; ``step``
+    counts the guided picks made so far: even steps take the most uncertain candidate, odd ones
+    the most promising (see the module docstring).
+    """
+    alive = [p for p in ranking if could_beat(p, best, maximize=maximize, margin=margin)]
+    skipped = [p for p in ranking if p not in alive]
+    if not alive:
+        return GuidePlan(None, None, [], skipped)
+    promising = alive[0]
+    uncertain = max(alive, key=lambda p: (relative_width(p), -alive.index(p)))
+    if step % 2 == 0 and relative_width(uncertain) > 2 * margin:
+        return GuidePlan(uncertain, "uncertain", alive, skipped)
+    return GuidePlan(promising, "promising", alive, skipped)

