@@ -18,7 +18,8 @@ real study loop, Optuna and storage, answered from the file) and compare
 - grid search in the space's order, and random search and TPE with ``--seeds`` seeds each;
 
 by the engine seconds spent until a configuration within ``--tolerance`` (2%) of the landscape's
-best was measured. Prediction errors, leave-one-out on the landscape: mean acceptance length of
+best was measured (guided search is deterministic: its seeds only seed Optuna's fallback
+sampler). Prediction errors, leave-one-out on the landscape: mean acceptance length of
 each (proposer, k) predicted from the other trials and the baseline (replay, or truncation and
 extrapolation from the same proposer at other k), and output throughput of each speculative
 candidate predicted from all the others. Writes ``benchmarks/results/search_efficiency.json``::
@@ -169,6 +170,7 @@ def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
 
 
 def evaluate(args: argparse.Namespace) -> None:
+    from spectune.predict._cost import window_noise
     from spectune.study import Objective
 
     landscape = Landscape.load(args.landscape)
@@ -207,6 +209,8 @@ def evaluate(args: argparse.Namespace) -> None:
         "evaluated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "objective": objective.value, "tolerance": args.tolerance, "seeds": seeds,
         "candidates": n, "landscape_engine_seconds": round(total, 1),
+        "landscape_window_noise": statistics.fmean(window_noise(p.measurement) for p in landscape.points
+                                                   if p.measurement is not None),
         "best": {"config": best_label, "value": best,
                  "speedup": best / values.get("none", best) if objective is Objective.OUTPUT_THROUGHPUT else None},
         "within_tolerance": sorted(good),
@@ -226,6 +230,7 @@ def evaluate(args: argparse.Namespace) -> None:
     for name, r in results.items():
         print(f"{name:>7}: {r['mean_seconds_to_reach']:.0f} s to reach within {args.tolerance:.0%} "
               f"(trials {r['trials_to_reach']}, measured {r['measured']})")
+    print(f"mean window noise of the landscape (half-range / median): {out['landscape_window_noise']:.3f}")
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
                 "guided_stop_seconds_ratio", "acceptance_length_error", "throughput_error"):
         print(f"{key}: {out[key]:.3f}")

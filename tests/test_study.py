@@ -118,7 +118,10 @@ def test_ctrl_c_stops_the_engine_and_the_next_run_resumes(tiny_models, repetitiv
     cfg_file = tmp_path / "study.yaml"
     cfg_file.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
     cmd = [sys.executable, "-m", "spectune.cli", "optimize", "--config", str(cfg_file)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal delivers it: a test run in the background (`pytest &`) would
+    # otherwise hand spectune an ignored SIGINT, which Python then leaves ignored
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     storage = optuna.storages.RDBStorage(cfg.storage)
     engine_pgid = None
     deadline = time.monotonic() + 300
