@@ -10,6 +10,8 @@ prompts, one request at a time::
 
     python benchmarks/search_efficiency.py record           # ~20 min on 2 cores
     python benchmarks/search_efficiency.py record --config my_study.yaml --out my.json
+    python benchmarks/search_efficiency.py record --smollm2 --config benchmarks/landscapes/smollm2.yaml \
+        --out benchmarks/landscapes/smollm2.json                                     # ~35 min
 
 ``evaluate``: replay studies on a landscape without engines (``run_study(measure_fn=...)``: the
 real study loop, Optuna and storage, answered from the file) and compare
@@ -82,7 +84,12 @@ def record(args: argparse.Namespace) -> None:
     from spectune.study import run_study
 
     data = load_yaml_file(args.config) or {}
-    if "target" not in data:
+    if args.smollm2:
+        from spectune.checkpoints import prepare_smollm2
+        from spectune.drafts import build_smollm2_draft
+
+        data["target"], data["draft"] = str(prepare_smollm2()), str(build_smollm2_draft())
+    elif "target" not in data:
         data["target"], data["draft"] = _tiny_models(args.models)
     space = load_space(data["space"]).resolve(data["target"], draft=data.get("draft"))
     n = len(space.enumerate())
@@ -174,9 +181,10 @@ def evaluate(args: argparse.Namespace) -> None:
     from spectune.study import Objective
 
     landscape = Landscape.load(args.landscape)
-    if args.models is not None or not Path(landscape.target).exists():
-        target, draft = _tiny_models(args.models)
-        landscape = landscape.rebase(target, draft)
+    if not Path(landscape.target).exists():  # recorded elsewhere: no engine runs, names will do
+        logging.getLogger("spectune.pairing").setLevel(logging.ERROR)
+        draft = f"landscape/{Path(landscape.draft).name}" if landscape.draft else None
+        landscape = landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)
     objective = landscape.config().objectives[0]
     sign = 1.0 if objective.maximize else -1.0
     values = {p.label: v for p in landscape.points if (v := landscape.value(p, objective.value)) is not None}
@@ -243,10 +251,11 @@ def main() -> None:
     rec = sub.add_parser("record", help="measure every candidate once on real engines")
     rec.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="study configuration (YAML)")
     rec.add_argument("--models", type=Path, default=None, help="folder for the tiny models (default: the cache)")
+    rec.add_argument("--smollm2", action="store_true",
+                     help="SmolLM2-135M-Instruct and its draft (prepared once) instead of the tiny models")
     rec.add_argument("--out", type=Path, default=DEFAULT_LANDSCAPE)
     ev = sub.add_parser("evaluate", help="compare search strategies on a recorded landscape")
     ev.add_argument("landscape", type=Path, nargs="?", default=DEFAULT_LANDSCAPE)
-    ev.add_argument("--models", type=Path, default=None, help="rebuild the tiny models here and point the landscape at them")
     ev.add_argument("--seeds", type=int, default=5)
     ev.add_argument("--tolerance", type=float, default=0.02)
     ev.add_argument("--out", type=Path, default=DEFAULT_OUTPUT)

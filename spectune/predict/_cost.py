@@ -222,7 +222,7 @@ class CostModel:
         o = cost.overhead
         return Estimate(
             self.tpot_ms(d, cost.c, tokens_per_step.value, o),
-            self.tpot_ms(d, max(cost.low, 0.0), tokens_per_step.high, o),
+            self.tpot_ms(d, min(max(cost.low, 0.0), cost.c), tokens_per_step.high, o),
             self.tpot_ms(d, cost.high, tokens_per_step.low, o),
         )
 
