@@ -176,9 +176,25 @@ def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
     return {"acceptance_length": accept, objective: value}
 
 
+def _engine_speed(landscape: Landscape, objective: str) -> dict[str, Any]:
+    """How fast each engine was, apart from its configuration: the median TTFT of the same
+    prompts (speculation does not touch the prefill), and the objective of each method scaled by
+    its engine's TTFT against the baseline's (min, max per method)."""
+    points = [p for p in landscape.points if p.measurement is not None and p.measurement.ttft_ms.median]
+    base = next(p for p in points if p.spec.get("method", "none") == "none").measurement
+    assert base is not None and base.ttft_ms.median
+    ttft = {p.label: p.measurement.ttft_ms.median for p in points}  # type: ignore[union-attr]
+    scaled: dict[str, list[float]] = {}
+    for p in points:
+        value = landscape.value(p, objective)
+        if value is not None:
+            scaled.setdefault(p.spec.get("method", "none"), []).append(value * ttft[p.label] / base.ttft_ms.median)
+    return {"ttft_ms_min": min(ttft.values()), "ttft_ms_max": max(ttft.values()),
+            "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in scaled.items()}}
+
+
 def evaluate(args: argparse.Namespace) -> None:
-    from spectune.predict._cost import window_noise
-    from spectune.study import Objective
+    from spectune.study import Objective, relative_noise
 
     landscape = Landscape.load(args.landscape)
     if not Path(landscape.target).exists():  # recorded elsewhere: no engine runs, names will do
@@ -217,8 +233,9 @@ def evaluate(args: argparse.Namespace) -> None:
         "evaluated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "objective": objective.value, "tolerance": args.tolerance, "seeds": seeds,
         "candidates": n, "landscape_engine_seconds": round(total, 1),
-        "landscape_window_noise": statistics.fmean(window_noise(p.measurement) for p in landscape.points
-                                                   if p.measurement is not None),
+        "landscape_window_noise": statistics.fmean(relative_noise(objective, p.measurement) or 0.0
+                                                   for p in landscape.points if p.measurement is not None),
+        "engine_speed": _engine_speed(landscape, objective.value),
         "best": {"config": best_label, "value": best,
                  "speedup": best / values.get("none", best) if objective is Objective.OUTPUT_THROUGHPUT else None},
         "within_tolerance": sorted(good),
@@ -238,7 +255,10 @@ def evaluate(args: argparse.Namespace) -> None:
     for name, r in results.items():
         print(f"{name:>7}: {r['mean_seconds_to_reach']:.0f} s to reach within {args.tolerance:.0%} "
               f"(trials {r['trials_to_reach']}, measured {r['measured']})")
-    print(f"mean window noise of the landscape (half-range / median): {out['landscape_window_noise']:.3f}")
+    print(f"mean window noise of the landscape (MAD / median): {out['landscape_window_noise']:.3f}")
+    speed = out["engine_speed"]
+    print(f"median TTFT of the same prompts across engines: {speed['ttft_ms_min']:.0f}-{speed['ttft_ms_max']:.0f} ms; "
+          "scaled by it, " + ", ".join(f"{k} {v[0]:.3g}-{v[1]:.3g}" for k, v in speed["ttft_scaled_by_method"].items()))
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
                 "guided_stop_seconds_ratio", "acceptance_length_error", "throughput_error"):
         print(f"{key}: {out[key]:.3f}")

@@ -129,7 +129,7 @@ class StudyView:
                 space cannot be loaded.
             StorageError: the storage cannot be read.
         """
-        from spectune.predict import LearnedAcceptance, StudyInputs
+        from spectune.predict import LearnedAcceptance, StudyInputs, TrainingTrial
         from spectune.space import load_space
         from spectune.storage import spec_key
         from spectune.workloads import WorkloadFeatures
@@ -156,7 +156,8 @@ class StudyView:
         candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
         raw = self.study.user_attrs.get("workload_features")
         features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
-        learned = LearnedAcceptance.fit(measured_trials(self.url))
+        others = measured_trials(self.url, skip_study=self.name)  # this study's are loaded above
+        learned = LearnedAcceptance.fit(others + [TrainingTrial(m, features) for m in measured])
         return StudyInputs(candidates, baseline, measured, self.objectives[0], self.directions[0] == "maximize",
                            features, learned)
 
@@ -205,9 +206,10 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
     return StudyView(study, MeasurementStore(url), url)
 
 
-def measured_trials(url: str) -> list[TrainingTrial]:
-    """Every measured speculative trial of every study in the storage at ``url``, with its study's
-    workload features: the training data of :class:`spectune.predict.LearnedAcceptance`.
+def measured_trials(url: str, *, skip_study: str | None = None) -> list[TrainingTrial]:
+    """Every measured speculative trial of every study in the storage at ``url`` (but
+    ``skip_study``), with its study's workload features: the training data of
+    :class:`spectune.predict.LearnedAcceptance`.
 
     Raises:
         StorageError: the storage cannot be read.
@@ -221,6 +223,8 @@ def measured_trials(url: str) -> list[TrainingTrial]:
     store = MeasurementStore(url)
     out: list[TrainingTrial] = []
     for summary in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+        if summary.study_name == skip_study:
+            continue
         raw = summary.user_attrs.get("workload_features")
         try:
             features = WorkloadFeatures.model_validate(raw).flat() if raw else {}

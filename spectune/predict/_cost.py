@@ -41,7 +41,7 @@ from spectune.predict._measured import effective_k, measured_profile
 if TYPE_CHECKING:
     from spectune.trial import Measurement
 
-__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model", "window_noise"]
+__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -106,17 +106,14 @@ class CostPoint:
                 return None
             time_ms = t0 * throughput_of.output_throughput / m.output_throughput
         return cls(spec.method, spec.model, k, time_ms, profile.tokens_per_step, spec.label(),
-                   drafted=profile.drafted_per_step, noise=window_noise(m))
+                   drafted=profile.drafted_per_step, noise=_noise(m))
 
 
-def window_noise(m: Measurement) -> float:
-    """Relative spread of a measurement's windows: half the range of their throughput over the
-    median (0 with one window)."""
-    values = sorted(w.output_throughput for w in m.windows if w.output_throughput > 0)
-    if len(values) < 2:
-        return 0.0
-    mid = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
-    return (values[-1] - values[0]) / 2 / mid
+def _noise(m: Measurement) -> float:
+    """The trial's relative noise as the study records it (MAD of its windows' throughput)."""
+    from spectune.study import Objective, relative_noise
+
+    return relative_noise(Objective.OUTPUT_THROUGHPUT, m) or 0.0
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ spread of the forest's trees (10th to 90th percentile of the tokens per step eac
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from spectune.config import Method, SpecConfig
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
@@ -95,9 +96,9 @@ class LearnedAcceptance:
         rows = [_row(spec, k, i, temperature, features, self._models, self._features) for i in range(1, k + 1)]
         mean = self._forest.predict(rows)  # type: ignore[attr-defined]
         profile = AcceptanceProfile(tuple(_cumulative(mean)))
-        per_tree = sorted(AcceptanceProfile(tuple(_cumulative(tree.predict(rows)))).tokens_per_step
-                          for tree in self._forest.estimators_)  # type: ignore[attr-defined]
-        lo, hi = _percentile(per_tree, 0.1), _percentile(per_tree, 0.9)
+        per_tree = [AcceptanceProfile(tuple(_cumulative(tree.predict(rows)))).tokens_per_step
+                    for tree in self._forest.estimators_]  # type: ignore[attr-defined]
+        lo, hi = (float(x) for x in np.percentile(per_tree, [10, 90]))
         e = profile.tokens_per_step
         return profile, Estimate(e, min(lo, e), max(hi, e))
 
@@ -108,12 +109,6 @@ def _cumulative(conditional: Sequence[float]) -> list[float]:
         p *= min(max(float(c), 0.0), 1.0)
         out.append(p)
     return out
-
-
-def _percentile(sorted_xs: Sequence[float], q: float) -> float:
-    pos = (len(sorted_xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
 
 def _row(spec: SpecConfig, k: int, i: int, temperature: float, features: Mapping[str, float],
