@@ -282,26 +282,35 @@ def prepare(
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: spectune's errors become one line and an exit code.
 
-    Usage errors are typer's (exit 2); ConfigError and StorageError exit 2, EngineError 1;
-    Ctrl-C exits 130 once every engine has been stopped.
+    Usage errors (a missing or malformed option) exit 2, as do ConfigError and StorageError;
+    EngineError exits 1; Ctrl-C exits 130 once every engine has been stopped. Each is one line
+    on stderr (an engine failure adds the path of the engine's log).
     """
+    from rich.markup import escape
+
     from spectune.errors import EngineError, SpectuneError
 
+    console = _err_console()
     try:
-        app(args=argv, standalone_mode=True)
+        code = app(args=argv, prog_name="spectune", standalone_mode=False)
+    except typer.TyperException as e:  # typer's usage errors (click's), made one line like ours
+        message = " ".join(e.format_message().split())  # type: ignore[attr-defined]
+        if message:  # empty: a group called without a command, whose help typer has printed
+            ctx = getattr(e, "ctx", None)
+            where = f"{ctx.command_path}: " if ctx is not None else ""
+            console.print(f"[red]error:[/red] {escape(where + message)}", soft_wrap=True)
+        sys.exit(e.exit_code)  # type: ignore[attr-defined]
     except SpectuneError as e:
         if _state["debug"]:
             raise
-        from rich.markup import escape
-
-        console = _err_console()
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         if isinstance(e, EngineError) and e.log_path:
             console.print(f"engine log: {escape(e.log_path)}", soft_wrap=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        _err_console().print("interrupted")
+    except (KeyboardInterrupt, typer.Abort):
+        console.print("interrupted")
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

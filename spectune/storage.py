@@ -68,7 +68,11 @@ def resolve_storage_url(url: str | None = None) -> str:
     if "://" not in url:
         url = f"sqlite:///{url}"
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        folder = Path(url.removeprefix("sqlite:///")).expanduser().parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"storage {url} cannot be used: cannot create {folder}: {e.strerror}") from e
     return url
 
 

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from conftest import (
+    REPO,
     EngineTrace,
     assert_engine_gone,
     group_is_gone,
@@ -70,28 +71,50 @@ def _on_window(action):  # noqa: ANN001, ANN202
 # -- engine fails to start -------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_kv_cache_too_small_fails_at_start_with_the_reason(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
-    wl = _workload(repetitive_prompts)
-    engine = tiny_engine_args(tiny_models.target, kv_cache_memory_bytes=4096)
-    with pytest.raises(EngineStartError) as info:
-        measure(engine, SpecConfig(), wl, load_prompts(wl), log_dir=tmp_path, startup_timeout=300)
-    reason = str(info.value).lower()
-    assert "memory" in reason or "cache" in reason, reason
-    assert Path(info.value.log_path).is_file() and info.value.log_tail
+def test_engine_start_faults_fail_their_trial_and_the_study_goes_on(tiny_models, repetitive_prompts: Path,
+                                                                     tmp_path: Path) -> None:
+    """A bad model path, a port already taken, a KV cache too small and one larger than the
+    machine's memory: each trial is FAIL with the engine's reason; the next trial runs."""
+    from spectune.study import run_study
 
+    space = ("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [1, 2, 3, 4]\n"
+             "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
+    cfg = study_config(tmp_path, tiny_models.target, repetitive_prompts, space, "faults", trials=5)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    faults = [  # (engine-argument changes, measure's keyword changes, words one of which the reason has)
+        ({"model": str(tmp_path / "no-such-model")}, {}, ["no-such-model"]),
+        ({}, {"server_factory": functools.partial(VLLMServer, port=taken.getsockname()[1])}, ["in use"]),
+        ({"kv_cache_memory_bytes": 4096}, {}, ["memory", "cache"]),
+        ({"kv_cache_memory_bytes": 2**42}, {}, ["memory"]),  # 4 TiB on a machine of a few dozen GiB
+    ]
+    servers: list[VLLMServer] = []
 
-@pytest.mark.engine
-def test_port_already_taken_fails_at_start_with_the_reason(tiny_models, tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        server = VLLMServer(tiny_engine_args(tiny_models.target), SpecConfig(), log_path=tmp_path / "e.log",
-                            port=port, startup_timeout=300)
-        with pytest.raises(EngineStartError) as info, server:
-            pass
-    assert "address already in use" in str(info.value).lower() or "in use" in info.value.log_tail.lower()
-    assert not server.is_running()
+    def faulty(engine, spec, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        changes, extra = faults[len(servers)][:2] if len(servers) < len(faults) else ({}, {})
+        factory = extra.get("server_factory", VLLMServer)
+
+        def keep(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+            servers.append(factory(*a, **kw))
+            return servers[-1]
+
+        return measure(engine.model_copy(update=changes), spec, *args, **{**kwargs, "server_factory": keep})
+
+    try:
+        result = run_study(cfg, measure_fn=faulty)
+    finally:
+        taken.close()
+    trials = optuna.load_study(study_name="faults", storage=cfg.storage).trials
+    assert [t.state.name for t in trials] == ["FAIL"] * 4 + ["COMPLETE"]
+    assert result.failed == 4 and result.measured == 1
+    for t, (_, _, words) in zip(trials, faults, strict=False):
+        reason = t.user_attrs["fail_reason"].lower()
+        assert any(w in reason for w in words), reason
+    assert all(not s.is_running() for s in servers) and len(servers) == 5
+    for s in servers[:4]:
+        assert Path(s.log_path).is_file()
+    assert not psutil.Process().children(recursive=True)
 
 
 # -- engine crashes or hangs mid-run -----------------------------------------------------------
@@ -154,13 +177,16 @@ def test_engine_that_never_becomes_healthy_times_out(tmp_path: Path) -> None:
     assert group_is_gone(server.pid)
 
 
-def test_engine_binds_loopback_unless_asked(tmp_path: Path) -> None:
-    server = VLLMServer(tiny_engine_args("m"), SpecConfig(), log_path=tmp_path / "e.log", platform=FAKE)
-    with server:
+@pytest.mark.parametrize("asked", [None, "0.0.0.0"])
+def test_engine_binds_loopback_unless_asked(tmp_path: Path, asked: str | None) -> None:
+    engine = tiny_engine_args("m", **({"host": asked} if asked else {}))
+    server = VLLMServer(engine, SpecConfig(), log_path=tmp_path / "e.log", platform=FAKE)
+    with server:  # healthy: spectune reaches it either way
         listening = {c.laddr.ip for p in [psutil.Process(server.pid)]
                      for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-    assert listening == {"127.0.0.1"}
-    assert server.command[server.command.index("--host") + 1] == "127.0.0.1"
+    expected = asked or "127.0.0.1"
+    assert listening == {expected}
+    assert server.command[server.command.index("--host") + 1] == expected
 
 
 # -- spectune itself dies ----------------------------------------------------------------------
@@ -239,6 +265,27 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tiny_models, repetitive
     _one_line_exit_2(_optimize("--target", str(tiny_models.target), "--workload", str(repetitive_prompts),
                                "--space", "ngram", "--storage", "postgresql+psycopg://postgres@127.0.0.1:1/test"),
                      "cannot be used")
+    # a SQLite file whose folder cannot be made (a file stands where the folder would be)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep\n")
+    _one_line_exit_2(_optimize(*base[:2], "--workload", str(repetitive_prompts), "--space", "ngram",
+                               "--storage", f"sqlite:///{blocker}/s.db"), "cannot create")
+    assert blocker.read_text() == "keep\n"
+    # typer's own usage errors read the same: one line, exit 2
+    _one_line_exit_2(_optimize(*base, "--workload", str(repetitive_prompts), "--trials", "many"), "--trials")
+    assert not db.exists()
+
+
+def test_measure_refuses_bad_input_in_one_line_before_any_engine(tiny_models, repetitive_prompts: Path) -> None:
+    def measure(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "spectune.cli", "measure", "--model", str(tiny_models.target),
+                               "--prompts", str(repetitive_prompts), "--max-tokens", "8", *args],
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    _one_line_exit_2(measure("--spec", '{"method": "ngram", "model": "x", "num_speculative_tokens": 2}'), "ngram")
+    _one_line_exit_2(measure("--spec", '{"method": "ngram", "num_speculative_tokens": 0}'), "num_speculative_tokens")
+    _one_line_exit_2(measure("--spec", "{not json"), "--spec")
+    _one_line_exit_2(measure("--spec", "none", "--num-prompts", "0"), "--num-prompts")
 
 
 # -- export is atomic --------------------------------------------------------------------------
@@ -255,3 +302,35 @@ def test_a_failed_write_leaves_the_earlier_file_intact(tmp_path: Path, monkeypat
         atomic_write_text(target, "model: new\n")
     assert target.read_text() == "model: old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["best.yaml"]  # no temporary file left
+
+
+def test_a_failed_export_leaves_the_earlier_export_intact(tiny_models, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from spectune.export import export_best
+    from spectune.landscape import Landscape
+    from spectune.results import open_study
+    from spectune.study import run_study
+
+    landscape = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny.json").rebase(
+        str(tiny_models.target), str(tiny_models.draft))
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'x.db'}", study_name="x", sampler="grid",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer())
+    view = open_study(config.storage, "x")
+    out = tmp_path / "out"
+    out.mkdir()
+    first = export_best(view, out / "best.yaml")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"best.yaml", first.provenance_path.name}
+    real_replace = os.replace
+    for failing in before:  # the rename of either file fails: the deployable file is the earlier one
+        def replace(src: str, dst: str, failing: str = failing) -> None:
+            if Path(dst).name == failing:
+                raise OSError(28, "No space left on device")
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", replace)
+        with pytest.raises(OSError, match="No space left"):
+            export_best(view, out / "best.yaml", schedule_max_batch=8)  # would change best.yaml
+        assert (out / "best.yaml").read_bytes() == before["best.yaml"]
+        assert sorted(p.name for p in out.iterdir()) == sorted(before)  # no temporary file left
