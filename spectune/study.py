@@ -39,6 +39,7 @@ from spectune.workloads import Prompt, WorkloadFeatures, WorkloadSpec, compute_f
 if TYPE_CHECKING:
     import optuna
 
+    from spectune.space import SearchSpace
     from spectune.trial import Measurement, TrialHook
 
 __all__ = ["SLO", "Objective", "StudyConfig", "StudyEvent", "load_study_config", "run_study"]
@@ -137,8 +138,11 @@ class StudyConfig(StrictModel):
             raise ValueError("give one objective, or two different ones for a Pareto front")
         return v
 
-    def engine_args(self) -> EngineArgs:
-        return validate(EngineArgs, {**self.engine, "model": self.target}, "engine")
+    def engine_args(self, space: SearchSpace | None = None) -> EngineArgs:
+        """The engine arguments of every trial: the space's fixed ones (its ``engine:``
+        section), then the study's ``engine`` on top (the study's values win), with the target."""
+        shared = space.engine.model_dump(exclude_unset=True, exclude={"model"}) if space is not None else {}
+        return validate(EngineArgs, {**shared, **self.engine, "model": self.target}, "engine")
 
     def resolved_study_name(self) -> str:
         if self.study_name:
@@ -278,8 +282,8 @@ def run_study(
     measure = measure_fn or measure_engine
 
     # -- validate everything before touching the storage or starting an engine ----------------
-    engine = config.engine_args()
     space = load_space(config.space).resolve(config.target, draft=config.draft)
+    engine = config.engine_args(space)
     for method, model in space.proposers():
         check_pairing(config.target, model, method)
     if Method.NONE not in space.methods:

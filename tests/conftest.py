@@ -28,6 +28,36 @@ def _private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["TMPDIR"] = old
 
 
+def _engines_left() -> list[str]:
+    """Engines (real or fake) still running below this test process, and their listening ports."""
+    import psutil
+
+    left = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+            if "--port" in cmd and ("vllm" in cmd or "fake_engine" in cmd):
+                ports = [c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+                left.append(f"pid {proc.pid} ports {ports}: {cmd[:120]}")
+        except psutil.Error:  # gone meanwhile
+            continue
+    return left
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test that starts engines: none of them remains (a few seconds allowed)."""
+    yield
+    if request.node.get_closest_marker("engine") is None:
+        return
+    import time
+
+    deadline = time.monotonic() + 10
+    while (left := _engines_left()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"engines left behind by {request.node.name}: {left}"
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """Tiny Llama target and draft sharing a tokenizer (SPECTUNE_TEST_MODELS reuses a folder)."""

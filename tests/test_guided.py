@@ -239,3 +239,27 @@ def test_landscape_load_errors_name_the_file(tmp_path: Path) -> None:
         Landscape.load(bad)
     with pytest.raises(ConfigError, match="cannot read the landscape"):
         Landscape.load(tmp_path / "missing.json")
+
+
+def test_a_spaces_engine_section_reaches_every_trial_and_the_study_overrides_it(
+        landscape: Landscape, tmp_path: Path) -> None:
+    space = yaml.safe_load(Path(landscape.config().space).read_text())
+    space["methods"] = {"none": {}, "ngram": space["methods"]["ngram"]}
+    space["engine"] = {"max_num_seqs": 8, "max_model_len": 384}
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump(space))
+    seen = []
+    replay = landscape.measurer()
+
+    def measure(engine, spec, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(engine)
+        return replay(engine, spec, *args, **kwargs)
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'e.db'}", study_name="engine", space=str(space_file),
+                              sampler="grid", trials=3, engine={"max_model_len": 256}, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=measure)
+    assert len(seen) == 3
+    for engine in seen:
+        assert engine.max_num_seqs == 8  # from the space
+        assert engine.max_model_len == 256  # the study's own value wins
+        assert engine.model == config.target
