@@ -88,10 +88,12 @@ def measure(
     """Measure one speculative configuration on a real vLLM engine."""
     from spectune._util import validate
     from spectune.config import EngineArgs, parse_spec
+    from spectune.pairing import check_pairing
     from spectune.trial import measure as run_measure
     from spectune.workloads import WorkloadSpec, load_prompts
 
     candidate = parse_spec(spec)
+    check_pairing(model, candidate.model, candidate.method)
     engine = validate(EngineArgs, {
         "model": model, "dtype": dtype, "max_model_len": max_model_len,
         "kv_cache_memory_bytes": kv_cache_memory_bytes, "enforce_eager": enforce_eager,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import time
@@ -96,7 +98,8 @@ def test_measurement_is_complete_and_consistent(runs: dict[str, Measurement]) ->
     assert m.tpot_ms.count == 6 and m.tpot_ms.median > 0
     assert m.peak_memory_bytes and m.peak_memory_bytes > 100 * 2**20
     assert m.startup_seconds > 0
-    assert m.versions.vllm and m.versions.torch
+    assert m.versions.vllm and m.versions.torch and m.versions.spectune == importlib.metadata.version("spectune")
+    assert m.hardware.cpu_count == os.cpu_count() and m.hardware.cpu and m.hardware.memory_bytes
     assert m.engine.kv_cache_memory_bytes == 64 * 2**20 and m.engine.enforce_eager is True
     assert Path(m.log_path).is_file()
     json.loads(m.model_dump_json())  # serialisable
