@@ -77,6 +77,7 @@ class StudyProgress:
         self._study_task = None
         self._trial_task = None
         self._total = total
+        self._best = ""  # the last best so far: a starting trial's event carries none
 
     def __enter__(self) -> StudyProgress:
         if self.enabled:
@@ -95,8 +96,9 @@ class StudyProgress:
         from spectune.study import StudyEvent
 
         assert isinstance(e, StudyEvent)
-        best = (f"best so far: {escape(e.best_label)} ({e.best_speedup:.2f}x)"
-                if e.best_label and e.best_speedup is not None else "")
+        if e.best_label and e.best_speedup is not None:
+            self._best = f"best so far: {escape(e.best_label)} ({e.best_speedup:.2f}x)"
+        best = self._best
         if e.kind == "trial_start":
             if self.enabled:
                 self.progress.update(self._study_task, completed=e.number - 1,
@@ -109,11 +111,11 @@ class StudyProgress:
             self.console.print(f"guided search stops: the {e.done} candidates left are predicted clearly "
                                f"worse than the best measured  [dim]{best}[/dim]", soft_wrap=True)
         elif e.kind == "trial_end":
-            value = f"{e.values[0]:.4g}" if e.values else ""
+            value = f" {e.values[0]:.4g}" if e.values else ""
             color = {"COMPLETE": "green", "REUSED": "cyan", "FAIL": "red"}.get(e.state, "white")
             why = f": {escape(e.reason)}" if e.reason else ""
             self.console.print(
-                f"trial {e.number} of {e.total} [{color}]{e.state}[/{color}] {escape(e.label)} {value}{why}"
+                f"trial {e.number} of {e.total} [{color}]{e.state}[/{color}] {escape(e.label)}{value}{why}"
                 + (f"  [dim]{best}[/dim]" if best else ""), soft_wrap=True)
             if self.enabled:
                 self.progress.update(self._study_task, completed=e.number)

@@ -7,6 +7,7 @@ import html
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -131,34 +132,74 @@ def test_predicted_against_measured_appears_with_predictions(tmp_path: Path) -> 
 # -- reports -----------------------------------------------------------------------------------------
 
 
-def test_html_and_markdown_reports(study: StudyView, tmp_path: Path) -> None:
-    page = write_report(study, tmp_path / "report.html", "html").read_text()
-    assert "grid" in page
+def _spectune(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "spectune.cli", *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def _speedup_text(study: StudyView) -> str:
+    """How the decision states a speedup: the chosen one over the baseline, or the best
+    speculative one that stayed within noise (or that none measured better)."""
+    choice = study.best()
+    if not choice.is_baseline:
+        return f"{choice.row.speedup:.2f}x the baseline"
+    sign = 1.0 if study.directions[0] == "maximize" else -1.0
+    top = max((r for r in study.complete() if r.feasible and r.duplicate_of is None),
+              key=lambda r: sign * (r.values or [0.0])[0])
+    return "measured better than the baseline" if top.is_baseline else f"({top.label}, {top.speedup:.3f}x)"
+
+
+def test_html_and_markdown_reports_from_the_command(study: StudyView, tmp_path: Path) -> None:
+    choice = study.best()
+    assert _speedup_text(study) in choice.reason
+    m = study.store.measurement(choice.row.trial_id)  # what the reports describe the setup with
+    assert m is not None
+    w = m.workload
+    command = shlex.join(m.command)
+
+    out = tmp_path / "report.html"
+    proc = _spectune("report", "--storage", study.url, "--study", "grid", "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"wrote {out}"
+    page = out.read_text()
+    assert "<title>spectune report: grid</title>" in page and "<span id='study-name'>grid</span>" in page
     for r in study.rows:
         assert f"<td>{html.escape(r.label)}</td>" in page
+    assert html.escape(_speedup_text(study)) in page
     assert page.count("Plotly.newPlot") == 3  # three figures, no prediction figure
     assert "plotly.js v" in page  # plotly.js inline: no script is fetched (machines are offline)
     assert not re.search(r"<script[^>]*\bsrc=", page)
-    assert "max_tokens 32" in page and "engine command" in page and "vllm.entrypoints" in page
+    workload = page[page.index("<h2>Workload</h2>"):page.index("<h2>Provenance</h2>")]
+    assert f"<td>{html.escape(w.source)} (format {w.format}, api {w.api})</td>" in workload
+    assert f"max_tokens {w.sampling.max_tokens}" in workload and f"concurrency {m.concurrency}" in workload
+    provenance = page[page.index("<h2>Provenance</h2>"):]
+    assert "<th>engine command</th>" in provenance and html.escape(command) in provenance
+    assert f"vllm {m.versions.vllm}" in provenance and f"torch {m.versions.torch}" in provenance
 
-    md = write_report(study, tmp_path / "report.md", "md").read_text()
-    choice = study.best()
+    # --format md wins over the file's suffix: a summary a CI job posts
+    out = tmp_path / "summary.txt"
+    proc = _spectune("report", "--storage", study.url, "--study", "grid", "-o", str(out), "--format", "md")
+    assert proc.returncode == 0, proc.stderr
+    md = out.read_text()
+    assert md.startswith("## spectune study `grid`\n")
     best = ("**Best configuration:** no speculation" if choice.is_baseline
             else f"**Best configuration:** `{choice.row.label}` (trial {choice.row.number})")
-    assert best in md
+    assert best in md and _speedup_text(study) in md
     assert sum(line.startswith("| ") for line in md.splitlines()) == 1 + len(study.rows)  # header + trials
+    workload = next(line for line in md.splitlines() if line.startswith("**Workload:** "))
+    assert f"source: {w.source} (format {w.format}, api {w.api})" in workload
+    assert f"sampling: max_tokens {w.sampling.max_tokens}, temperature {w.sampling.temperature}" in workload
+    assert f"measured window: {m.num_requests} requests" in workload
+    provenance = md[md.index("<details><summary>Provenance</summary>"):md.index("</details>")]
+    assert "- study: grid\n" in provenance and "- report: spectune " in provenance
+    assert f"vllm {m.versions.vllm}" in provenance and f"torch {m.versions.torch}" in provenance
+    assert f"- hardware: {m.hardware.platform}: {m.hardware.cpu} ({m.hardware.cpu_count} CPUs" in provenance
+    assert f"- engine command: `{command}`" in provenance
 
-    # the command: a file, exit 0; a bad format, one line and exit 2
-    out = tmp_path / "cli.md"
-    proc = subprocess.run([sys.executable, "-m", "spectune.cli", "report", "--storage", study.url,
-                           "--study", "grid", "-o", str(out)], capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert best in out.read_text()
-    proc = subprocess.run([sys.executable, "-m", "spectune.cli", "report", "--storage", study.url,
-                           "-o", str(tmp_path / "x.pdf"), "--format", "pdf"], capture_output=True, text=True,
-                          timeout=120, check=False)
+    # a bad format: one line and exit 2, no file
+    proc = _spectune("report", "--storage", study.url, "-o", str(tmp_path / "x.pdf"), "--format", "pdf")
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error:"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "x.pdf").exists()
 
 
@@ -250,6 +291,7 @@ def test_dashboard_serves_the_annotated_study_and_a_browser_draws_it(study: Stud
         note = detail["note"]["body"]
         choice = study.best()
         assert "**Best configuration:**" in note and choice.row.label in note
+        assert f"(trial {choice.row.number}): {choice.reason}" in note and _speedup_text(study) in note
         assert "```yaml" in note and f"model: {study.study.user_attrs['spectune_config']['target']}" in note
         assert "speculative-config:" in note or choice.is_baseline
         graphs = {g["id"]: json.loads(g["graph_object"]) for g in detail["plotly_graph_objects"]}
@@ -263,12 +305,16 @@ def test_dashboard_serves_the_annotated_study_and_a_browser_draws_it(study: Stud
         profile = tmp_path / "chromium"
         page = f"{base}/dashboard/studies/{study_id}"
         dom = _browse(page, profile)
-        assert "grid" in dom
+        (ARTIFACTS / "dashboard-study.html").write_text(dom)
+        # the study's name in the app bar's breadcrumb, as optuna-dashboard writes it: "grid (id=1)"
+        assert re.search(rf">\s*grid \(id={study_id}\)\s*<", dom), "no study title (see dashboard-study.html)"
         assert 'class="main-svg"' in dom, "no plot was drawn on the dashboard page"
         assert "Acceptance per draft position" in dom and "Throughput against latency" in dom
         note_dom = _browse(f"{page}/note", profile)
         (ARTIFACTS / "dashboard-note.html").write_text(note_dom)
-        assert "Best configuration" in note_dom, "the note was not drawn (see dashboard-note.html)"
+        assert "<strong>Best configuration:</strong>" in note_dom, "the note was not drawn (see dashboard-note.html)"
+        assert f"(trial {choice.row.number}): {html.escape(choice.reason, quote=False)}" in note_dom
+        assert html.escape(_speedup_text(study), quote=False) in note_dom
         assert "speculative-config" in note_dom or choice.is_baseline
         shot = ARTIFACTS / "dashboard-study.png"
         shot.unlink(missing_ok=True)
