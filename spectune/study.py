@@ -277,6 +277,7 @@ def run_study(
     from spectune.pairing import check_pairing
     from spectune.space import load_space
     from spectune.trial import measure as measure_engine
+    from spectune.trial import plan_windows
     from spectune.workloads import load_prompts
 
     measure = measure_fn or measure_engine
@@ -289,6 +290,7 @@ def run_study(
     if Method.NONE not in space.methods:
         raise ConfigError(f"{space.source or config.space}: methods: the space needs 'none' (the baseline)")
     prompts = load_prompts(config.workload)
+    plan_windows(prompts, config.workload, config.repeats)  # a sweep's levels each get enough prompts
     url = resolve_storage_url(config.storage)
     storage = open_optuna_storage(url, heartbeat_interval=config.heartbeat_interval,
                                   grace_period=config.grace_period)
@@ -305,7 +307,11 @@ def run_study(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names([o.value for o in config.objectives])
-    study.set_user_attr("spectune_config", json.loads(config.model_dump_json()))
+    stored = study.user_attrs.get("spectune_config")
+    current = json.loads(config.model_dump_json())
+    if isinstance(stored, dict):
+        _require_same_measurements(name, stored, current)
+    study.set_user_attr("spectune_config", current)
     study.set_user_attr("objectives", [o.value for o in config.objectives])
     if "workload_features" not in study.user_attrs:
         study.set_user_attr("workload_features", compute_features(prompts).model_dump(mode="json"))
@@ -437,6 +443,28 @@ def run_study(
     _annotate(study, store, url)
     return StudyResult(study_name=name, storage=url, **counts,
                        best=[t.number for t in study.best_trials] if _has_complete(study) else [])
+
+
+RESUME_KEYS = ("target", "workload", "engine", "repeats")
+"""What a resumed study must keep: trials measured otherwise are not comparable (the space, the
+number of trials, the sampler and the objectives may change)."""
+
+
+def _require_same_measurements(name: str, stored: dict[str, Any], current: dict[str, Any]) -> None:
+    """Refuse to resume study ``name`` with another target, workload or engine (ConfigError)."""
+    def flat(value: Any, prefix: str) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return {k: v for key, sub in value.items() for k, v in flat(sub, f"{prefix}.{key}").items()}
+        return {prefix: value}
+
+    old = {k: v for key in RESUME_KEYS for k, v in flat(stored.get(key), key).items()}
+    new = {k: v for key in RESUME_KEYS for k, v in flat(current.get(key), key).items()}
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        shown = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:3])
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise ConfigError(f"study {name!r} was measured with another {changed[0].split('.')[0]} ({shown}{more}); "
+                          "its trials would not compare: give a new --study name")
 
 
 def _pending(study: optuna.Study) -> bool:
