@@ -225,17 +225,37 @@ def predict(
     storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
     top: Annotated[int, typer.Option(min=1, help="Show the best N predictions.")] = 10,
+    concurrency: Annotated[Optional[str], typer.Option(
+        help="Also predict throughput and TPOT at these concurrency levels, e.g. 1,8,32 "
+             "(needs a study whose workload swept concurrency_levels).")] = None,
 ) -> None:
     """Rank the space's unmeasured candidates by predicted objective, with intervals and their source."""
     from rich.console import Console
 
-    from spectune.predict import predictions_table
+    from spectune.errors import ConfigError
+    from spectune.predict import levels_table, predictions_table
     from spectune.results import open_study
 
+    levels: list[int] = []
+    if concurrency is not None:
+        try:
+            levels = [int(x) for x in concurrency.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"--concurrency {concurrency!r}: expected levels like 1,8,32") from None
+        if not levels or min(levels) < 1:
+            raise ConfigError(f"--concurrency {concurrency!r}: expected levels >= 1, like 1,8,32")
     view = open_study(storage, study)
-    predictions = view.predict()
+    inputs = view.prediction_inputs()
+    predictions = inputs.predict()
     title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
     Console().print(predictions_table(predictions[:top], title=title))
+    if levels:
+        model = inputs.concurrency_model()
+        scaled = inputs.at_concurrency(predictions[:top], levels)
+        assert model is not None  # at_concurrency has refused otherwise
+        Console().print(levels_table(predictions[:top], scaled, title=(
+            f"at other concurrency: step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
+            f"fitted on the baseline at {', '.join(map(str, model.step.levels))}")))
 
 
 @workloads_app.command("list")

@@ -58,7 +58,7 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     Raises:
         ConfigError: ``m`` has no acceptance counters or baseline TPOT to derive it from.
     """
-    from spectune.predict import CostPoint, derive_schedule, fit_cost
+    from spectune.predict import CostPoint, derive_schedule, fit_concurrency, fit_cost
     from spectune.predict._measured import effective_k, measured_profile
 
     profile = measured_profile(m)
@@ -66,20 +66,28 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     k = effective_k(m.spec)
     if profile is None or not profile.per_position or not t0 or not k:
         raise ConfigError(f"{m.spec.label()}: no acceptance counters or baseline TPOT to derive a batch schedule from")
-    points = []
-    for r in view.complete():
-        if r.is_baseline or r.duplicate_of is not None:
-            continue
-        other = view.store.measurement(r.trial_id)
-        if other is not None and (other.spec.method, other.spec.model) == (m.spec.method, m.spec.model):
-            points.extend(p for p in [CostPoint.from_measurement(other)] if p is not None)
+    measured = [other for r in view.complete() if not r.is_baseline and r.duplicate_of is None
+                and (other := view.store.measurement(r.trial_id)) is not None]
+    points = [p for other in measured if (other.spec.method, other.spec.model) == (m.spec.method, m.spec.model)
+              and (p := CostPoint.from_measurement(other)) is not None]
     cost = fit_cost(t0, points)
+    sweep = fit_concurrency(baseline, measured)
+    cost_at = None
+    if sweep is not None:
+        def cost_at(b: int) -> float:
+            return cost.c * sweep.scale(m.spec.method, b)[0]
     schedule = derive_schedule(profile, c1=cost.c, measured_concurrency=m.concurrency,
-                               max_batch=max_batch, max_k=min(k, len(profile.per_position)))
+                               max_batch=max_batch, max_k=min(k, len(profile.per_position)), cost_at=cost_at)
+    if sweep is None:
+        basis = ("t(b,k)/t(b,0) = 1 + c(b) k, c(b) = B b / (A + B b) fitted at the measured "
+                 "concurrency; k(b) maximises E(k) / (1 + c(b) k) (spectune.predict._schedule)")
+    else:
+        basis = (f"t(b,k)/t(b,0) = 1 + c(b) k, c(b) = c g(b) with g from the sweep at concurrency "
+                 f"{', '.join(map(str, sweep.step.levels))} ({sweep.scale(m.spec.method, 1)[1]}); "
+                 "k(b) maximises E(k) / (1 + c(b) k) (spectune.predict._concurrency)")
     return {"num_speculative_tokens_per_batch_size": schedule.to_vllm(), "c": cost.c,
             "c_from_trials": cost.n, "measured_concurrency": m.concurrency, "max_batch": max_batch,
-            "model": "t(b,k)/t(b,0) = 1 + c(b) k, c(b) = B b / (A + B b) fitted at the measured "
-                     "concurrency; k(b) maximises E(k) / (1 + c(b) k) (spectune.predict._schedule)"}
+            "model": basis}
 
 
 def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None = None) -> ExportResult:

@@ -432,7 +432,7 @@ def run_study(
         _logger.info("guided search needs one objective and a space that can be listed; using %s",
                      "NSGA-II" if len(config.objectives) > 1 else "TPE")
     attempts = 0
-    while (remaining := total - len(finished())) > 0 and attempts < MAX_ATTEMPTS_PER_TRIAL * total:
+    while len(finished()) < total and attempts < MAX_ATTEMPTS_PER_TRIAL * total:
         if candidates is not None and len(finished()) >= candidates:
             _logger.info("every candidate of the space has been measured")
             break

@@ -18,12 +18,12 @@ from pydantic import BaseModel, Field
 from spectune.config import EngineArgs, SpecConfig
 from spectune.counters import fetch_counters
 from spectune.engines import VLLMServer
-from spectune.errors import EngineCrashedError, EngineError, EngineTimeoutError
+from spectune.errors import ConfigError, EngineCrashedError, EngineError, EngineTimeoutError
 from spectune.load import LoadResult, RequestRecord, run_load
 from spectune.provenance import Hardware, Versions, hardware, versions
 from spectune.workloads import Prompt, WorkloadSpec
 
-__all__ = ["AcceptanceStats", "LatencyStats", "Measurement", "RequestSample", "measure"]
+__all__ = ["AcceptanceStats", "LatencyStats", "LevelStats", "Measurement", "RequestSample", "measure", "plan_windows"]
 
 _logger = logging.getLogger(__name__)
 
@@ -94,6 +94,33 @@ class WindowStats(BaseModel):
         )
 
 
+class LevelStats(BaseModel):
+    """One concurrency level of a sweep (``workload.concurrency_levels``), on the trial's engine:
+    its own prompts (disjoint from every other level's), its own counters."""
+
+    concurrency: int
+    num_requests: int
+    num_failed: int
+    duration_seconds: float
+    output_throughput: float
+    tpot_median_ms: float | None
+    ttft_median_ms: float | None
+    acceptance: AcceptanceStats | None
+
+    @classmethod
+    def of(cls, concurrency: int, results: Sequence[LoadResult], acceptance: AcceptanceStats | None) -> LevelStats:
+        ok = [r for res in results for r in res.succeeded]
+        n = sum(len(res.records) for res in results)
+        d = sum(res.duration for res in results)
+        return cls(
+            concurrency=concurrency, num_requests=n, num_failed=n - len(ok), duration_seconds=d,
+            output_throughput=statistics.median(WindowStats.of(res).output_throughput for res in results),
+            tpot_median_ms=LatencyStats.of([t for r in ok if (t := r.tpot) is not None]).median,
+            ttft_median_ms=LatencyStats.of([r.ttft for r in ok if r.ttft is not None]).median,
+            acceptance=acceptance,
+        )
+
+
 class RequestSample(BaseModel):
     """One request of the window, as the client saw it."""
 
@@ -151,6 +178,24 @@ class Measurement(BaseModel):
     hardware: Hardware
     windows: list[WindowStats] = Field(description="One entry per repeat of the window.")
     requests: list[RequestSample] = Field(description="Requests of every window, in order.")
+    levels: list[LevelStats] = Field(
+        default_factory=list,
+        description="A sweep's concurrency levels, the headline one (``concurrency``) included; "
+        "empty without ``concurrency_levels``. Requests of the other levels are not in ``requests``.",
+    )
+
+    def at_concurrency(self, concurrency: int) -> LevelStats | None:
+        """The measured level ``concurrency`` of a sweep, or the headline one; None if not measured."""
+        for level in self.levels:
+            if level.concurrency == concurrency:
+                return level
+        if concurrency == self.concurrency:
+            return LevelStats(
+                concurrency=concurrency, num_requests=self.num_requests, num_failed=self.num_failed,
+                duration_seconds=self.duration_seconds, output_throughput=self.output_throughput,
+                tpot_median_ms=self.tpot_ms.median, ttft_median_ms=self.ttft_ms.median, acceptance=self.acceptance,
+            )
+        return None
 
 
 def _log_name(spec: SpecConfig) -> str:
@@ -216,9 +261,14 @@ def measure(
     The prompts are sent in ``repeats`` windows of disjoint prompts on the same engine, so
     that noise can be told from differences. No prompt is sent twice, and warm-up requests use
     neutral text of their own: proposers that learn from earlier requests (suffix decoding)
-    would otherwise be measured on answers they have already seen.
+    would otherwise be measured on answers they have already seen. A sweep
+    (``workload.concurrency_levels``) measures each other level after the headline windows, on
+    a window of prompts of its own, with its own counters (:attr:`Measurement.levels`).
+
+    Raises ConfigError before any engine starts when a level's window is smaller than the level.
     """
     hook = progress or (lambda phase, done, total: None)
+    windows, sweep = plan_windows(prompts, workload, repeats)  # bad input: refused before the engine
     log_path = Path(log_dir) / _log_name(spec)
     started_at = dt.datetime.now(dt.timezone.utc)
     server = server_factory(engine, spec, log_path=log_path, startup_timeout=startup_timeout)
@@ -233,7 +283,6 @@ def measure(
                          timeout=window_timeout)
             before = fetch_counters(server.base_url)
             results: list[LoadResult] = []
-            windows = split_windows(prompts, repeats)
             total, done = len(prompts), 0
             for window in windows:
                 hook("measure", done, total)
@@ -251,6 +300,16 @@ def measure(
                     log_tail=server.log_tail(), log_path=str(log_path),
                 )
             after = fetch_counters(server.base_url)
+            levels: list[LevelStats] = []
+            for level, level_prompts in sweep.items():
+                hook("measure", done, total)
+                level_before = fetch_counters(server.base_url)
+                res = run_load(server.base_url, model, level_prompts, workload, concurrency=level,
+                               progress=lambda d, t, done=done: hook("measure", done + d, total),
+                               timeout=window_timeout)
+                acc = (fetch_counters(server.base_url) - level_before).acceptance()
+                levels.append(LevelStats.of(level, [res], AcceptanceStats(**vars(acc)) if acc else None))
+                done += len(level_prompts)
         except TimeoutError as e:
             raise EngineTimeoutError(
                 f"measured window exceeded {window_timeout:.0f} s", log_tail=server.log_tail(),
@@ -263,13 +322,18 @@ def measure(
         if not server.is_running():
             raise _crashed(server)
         acc = (after - before).acceptance()
-        return summarize(
+        m = summarize(
             results, spec=spec, engine=server.args, workload=workload,
             acceptance=AcceptanceStats(**vars(acc)) if acc else None,
             command=server.command, log_path=str(log_path), started_at=started_at,
             startup_seconds=server.startup_seconds or 0.0,
             peak_memory_bytes=server.peak_memory_bytes(),
         )
+        if sweep:
+            headline = m.at_concurrency(m.concurrency)
+            assert headline is not None
+            m.levels = sorted([headline, *levels], key=lambda lv: lv.concurrency)
+        return m
 
 
 def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:
@@ -286,6 +350,30 @@ def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:
 def warmup_prompts(n: int) -> list[Prompt]:
     """Neutral warm-up requests, unrelated to any workload's prompts."""
     return [Prompt(id=f"warmup-{i}", text=f"Warm-up request {i}: count from one to ten.") for i in range(n)]
+
+
+def plan_windows(prompts: Sequence[Prompt], workload: WorkloadSpec,
+                 repeats: int) -> tuple[list[list[Prompt]], dict[int, list[Prompt]]]:
+    """The headline windows (at ``workload.concurrency``) and, for a sweep, one window per other
+    level of ``workload.concurrency_levels``: all disjoint, so that no level sees another's
+    prompts (a proposer that learns from earlier answers, suffix decoding, would be flattered).
+
+    Raises:
+        ConfigError: a level's window holds fewer prompts than the level keeps in flight.
+    """
+    others = [c for c in workload.levels if c != workload.concurrency] if workload.concurrency_levels else []
+    if not others:
+        return split_windows(prompts, repeats), {}
+    slices = split_windows(prompts, repeats + len(others))
+    sweep = dict(zip(others, slices[repeats:], strict=True))
+    short = [c for c, window in sweep.items() if len(window) < c]
+    if short:
+        raise ConfigError(
+            f"workload: concurrency level {max(short)} needs at least {max(short)} prompts of its own, but "
+            f"{len(prompts)} prompts over {repeats} window(s) and {len(others)} other level(s) give "
+            f"{len(sweep[max(short)])}; raise num_prompts to at least {max(short) * (repeats + len(others))}"
+        )
+    return slices[:repeats], sweep
 
 
 def split_windows(prompts: Sequence[Prompt], repeats: int) -> list[list[Prompt]]:

@@ -33,7 +33,7 @@ from conftest import (
 from spectune._util import atomic_write_text
 from spectune.config import Method, SpecConfig
 from spectune.engines import Platform, VLLMServer
-from spectune.errors import EngineCrashedError, EngineError, EngineStartError, EngineTimeoutError
+from spectune.errors import EngineCrashedError, EngineError, EngineTimeoutError
 from spectune.trial import measure
 from spectune.workloads import WorkloadSpec, load_prompts
 

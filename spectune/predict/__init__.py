@@ -15,6 +15,13 @@ from spectune.predict._acceptance import (
     leviathan_expected_tokens,
     leviathan_improvement,
 )
+from spectune.predict._concurrency import (
+    ConcurrencyModel,
+    LevelPrediction,
+    StepTime,
+    fit_concurrency,
+    fit_step_time,
+)
 from spectune.predict._cost import (
     COST_PRIORS,
     CostModel,
@@ -29,7 +36,7 @@ from spectune.predict._learned import LearnedAcceptance, TrainingTrial
 from spectune.predict._rank import PRIOR_ALPHA, Prediction, StudyInputs, predict_candidates
 from spectune.predict._replay import ReplayAcceptance, ReplayRequest, replay_ngram, replay_suffix, suffix_available
 from spectune.predict._schedule import BatchSchedule, batch_cost, derive_schedule
-from spectune.predict._table import predictions_table
+from spectune.predict._table import levels_table, predictions_table
 
 __all__ = [
     "COST_PRIORS",
@@ -37,15 +44,18 @@ __all__ = [
     "PRIOR_ALPHA",
     "AcceptanceProfile",
     "BatchSchedule",
+    "ConcurrencyModel",
     "CostModel",
     "CostPoint",
     "Estimate",
     "GuidePlan",
     "LearnedAcceptance",
+    "LevelPrediction",
     "Prediction",
     "ProposerCost",
     "ReplayAcceptance",
     "ReplayRequest",
+    "StepTime",
     "StudyInputs",
     "TrainingTrial",
     "acceptance_rate_at",
@@ -54,10 +64,13 @@ __all__ = [
     "could_beat",
     "derive_schedule",
     "expected_tokens_per_step",
+    "fit_concurrency",
     "fit_cost",
     "fit_cost_model",
+    "fit_step_time",
     "leviathan_expected_tokens",
     "leviathan_improvement",
+    "levels_table",
     "plan_next",
     "predict_candidates",
     "predictions_table",

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 from spectune.config import Method, SpecConfig
 from spectune.errors import ConfigError
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
-from spectune.predict._cost import CostModel, CostPoint, Estimate, fit_cost_model
+from spectune.predict._concurrency import ConcurrencyModel, LevelPrediction, fit_concurrency
+from spectune.predict._cost import CostPoint, Estimate, fit_cost_model
 from spectune.predict._learned import LearnedAcceptance
 from spectune.predict._measured import (
     accepted_sd,
@@ -287,3 +288,25 @@ class StudyInputs:
         return predict_candidates(self.candidates if candidates is None else candidates, self.baseline,
                                   self.measured, objective=self.objective, maximize=self.maximize,
                                   learned=self.learned, features=self.features)
+
+    def concurrency_model(self) -> ConcurrencyModel | None:
+        """How the study's trials scale with the batch; None unless its baseline swept two levels
+        (``workload.concurrency_levels``, :mod:`spectune.predict._concurrency`)."""
+        return fit_concurrency(self.baseline, self.measured)
+
+    def at_concurrency(self, predictions: Sequence[Prediction],
+                       levels: Sequence[int]) -> list[list[LevelPrediction]]:
+        """Each of ``predictions`` moved to each of ``levels``.
+
+        Raises:
+            ConfigError: the study measured one concurrency level only (nothing to scale by), or
+                a level below 1.
+        """
+        model = self.concurrency_model()
+        if model is None:
+            raise ConfigError(
+                f"the baseline was measured at concurrency {self.baseline.concurrency} only: predictions at "
+                "other levels need a sweep (workload.concurrency_levels, two levels at least)")
+        if any(b < 1 for b in levels):
+            raise ConfigError(f"concurrency levels must be >= 1, got {list(levels)}")
+        return [[model.predict(p, b) for b in levels] for p in predictions]

@@ -15,12 +15,14 @@ Memory-bound small batches draft cheaply, compute-bound large ones do not. For e
 the schedule takes the ``k`` (0 included) maximising ``E(k) / (1 + c(b) k)``, with ``E(k)`` the
 tokens per step from the proposer's per-position acceptance cut to ``k``
 (:class:`~spectune.predict.AcceptanceProfile`). The model is the roofline's first-order shape,
-fitted on one concurrency: a study that measures several (``concurrency_levels``) can check it.
+fitted on one concurrency. A study that swept several (``concurrency_levels``) measures ``c(b)``
+instead: :class:`~spectune.predict.ConcurrencyModel` scales ``c1`` by how the proposer's
+speculative part grew with the batch there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spectune.predict._acceptance import AcceptanceProfile
@@ -72,11 +74,14 @@ def derive_schedule(
     measured_concurrency: int,
     max_batch: int = 256,
     max_k: int | None = None,
+    cost_at: Callable[[int], float] | None = None,
 ) -> BatchSchedule:
     """The batch-size schedule of one proposer (see the module docstring).
 
     ``profile`` is the proposer's measured per-position acceptance (or an AcceptanceProfile);
     ``max_k`` (default: its length) the ``num_speculative_tokens`` exported with it.
+    ``cost_at`` gives ``c(b)`` where a sweep measured how cost grows with the batch
+    (:class:`~spectune.predict.ConcurrencyModel`); without it, :func:`batch_cost`.
 
     Raises:
         ValueError: an empty profile, ``max_k`` beyond it, or batch sizes < 1.
@@ -92,7 +97,8 @@ def derive_schedule(
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     ranges: list[tuple[int, int, int]] = []
     for b in range(1, max_batch + 1):
-        k = _best_k(profile, batch_cost(c1, measured_concurrency, b), max_k)
+        c = cost_at(b) if cost_at is not None else batch_cost(c1, measured_concurrency, b)
+        k = _best_k(profile, c, max_k)
         if ranges and ranges[-1][2] == k:
             ranges[-1] = (ranges[-1][0], b, k)
         else:

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from spectune.predict._concurrency import LevelPrediction
     from spectune.predict._cost import Estimate
     from spectune.predict._rank import Prediction
 
-__all__ = ["predictions_table"]
+__all__ = ["levels_table", "predictions_table"]
 
 
 def _interval(e: Estimate, fmt: str = ".4g") -> str:
@@ -36,4 +37,23 @@ def predictions_table(predictions: Sequence[Prediction], *, title: str = "predic
         t.add_row(str(i), escape(p.label), *([_interval(p.value)] if own else []), _interval(p.tpot_ms),
                   _interval(p.output_throughput), f"{p.acceptance_rate:.3f}", f"{p.mean_acceptance_length:.2f}",
                   _interval(p.tokens_per_step, ".3f"), p.source, p.cost_source, escape(p.note))
+    return t
+
+
+def levels_table(predictions: Sequence[Prediction], levels: Sequence[Sequence[LevelPrediction]], *,
+                 title: str) -> Table:
+    """One row per prediction, one column per concurrency level: output throughput and TPOT."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=escape(title))
+    t.add_column("#")
+    t.add_column("config", overflow="fold")
+    for lp in levels[0] if levels else ():
+        t.add_column(f"c={lp.concurrency} tok/s", overflow="fold")
+        t.add_column(f"c={lp.concurrency} tpot ms", overflow="fold")
+    t.add_column("scaling")
+    for i, (p, row) in enumerate(zip(predictions, levels, strict=True), 1):
+        cells = [c for lp in row for c in (_interval(lp.output_throughput), _interval(lp.tpot_ms))]
+        t.add_row(str(i), escape(p.label), *cells, row[0].scale_source if row else "")
     return t

@@ -1,0 +1,215 @@
+"""Predictions at other concurrency levels, from a sweep (``workload.concurrency_levels``).
+
+A decode step of the target with ``b`` requests in flight takes ``t0(b) = A + B b``: ``A`` reads
+the weights once, ``B`` is the work per request (the roofline's first-order shape). ``A`` and
+``B`` are fitted by least squares on the baseline's median TPOT at the levels of its sweep
+(:func:`fit_step_time`; two levels at least). The share of a step that grows with the batch is
+``s(b) = B b / (A + B b)``.
+
+A speculative candidate's TPOT is ``t0 (1 + x) / E`` (:mod:`spectune.predict._cost`), with
+``x = overhead + c d`` the speculative part of a step and ``E`` the tokens per step, which the
+batch does not change. Verifying drafted tokens is per-request work, so it grows like ``s(b)``;
+a proposer's own work (a draft model's forward passes) grows like a step. So::
+
+    x(b) = x(b1) g(b),   g(b) = (rho + s(b)) / (rho + s(b1))
+
+at the study's concurrency ``b1``, with ``rho >= 0`` the proposer's own work relative to
+verification, fitted per method on the speculative trials' sweeps (each trial's ``x`` at its
+levels against the baseline's ``t0`` at the same level, as a ratio to its own ``x(b1)``).
+A method without sweeps gets ``rho = 0``: pure verification, the roofline.
+
+Output throughput at ``b`` is ``thr0(b) t0(b) / TPOT(b)`` with ``thr0`` the baseline's measured
+throughput at ``b``, or between levels ``b / t0(b)`` times the baseline's decode efficiency
+(measured throughput over ``b / t0(b)``), interpolated linearly in ``b`` and held flat beyond
+the measured levels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from spectune.config import Method
+from spectune.predict._cost import Estimate
+from spectune.predict._measured import measured_profile
+
+if TYPE_CHECKING:
+    from spectune.predict._rank import Prediction
+    from spectune.trial import Measurement
+
+__all__ = ["ConcurrencyModel", "LevelPrediction", "StepTime", "fit_concurrency", "fit_step_time"]
+
+_RHO_GRID = (0.0, *(10 ** (e / 4) for e in range(-12, 13)))
+"""Candidate values of ``rho`` (0, then 1e-3 .. 1e3 in quarter decades)."""
+
+MIN_SPECULATIVE_PART = 0.02
+"""A trial whose speculative part ``x(b1)`` is below this is too close to free to scale from."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """``t0(b) = a + slope b`` in milliseconds, fitted on the baseline's levels."""
+
+    a: float
+    slope: float
+    levels: tuple[int, ...]
+
+    def at(self, batch: float) -> float:
+        return self.a + self.slope * batch
+
+    def share(self, batch: float) -> float:
+        """``s(b)``: the part of a step that grows with the batch."""
+        t = self.at(batch)
+        return self.slope * batch / t if t > 0 else 0.0
+
+
+def fit_step_time(points: Sequence[tuple[int, float]]) -> StepTime:
+    """Least squares of ``t0 = a + slope b`` over ``(b, t0)`` points; neither may be negative
+    (a negative slope becomes a flat line, a negative intercept a line through the origin).
+
+    Raises:
+        ValueError: fewer than two distinct levels, or a time that is not positive.
+    """
+    levels = sorted({b for b, _ in points})
+    if len(levels) < 2:
+        raise ValueError(f"a step-time fit needs two concurrency levels at least, got {levels}")
+    if any(t <= 0 or b < 1 for b, t in points):
+        raise ValueError("concurrency levels must be >= 1 and step times > 0")
+    xs, ys = [float(b) for b, _ in points], [t for _, t in points]
+    mx, my = math.fsum(xs) / len(xs), math.fsum(ys) / len(ys)
+    slope = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / math.fsum((x - mx) ** 2 for x in xs)
+    if slope <= 0:
+        return StepTime(my, 0.0, tuple(levels))
+    a = my - slope * mx
+    if a < 0:
+        slope = math.fsum(x * y for x, y in zip(xs, ys, strict=True)) / math.fsum(x * x for x in xs)
+        a = 0.0
+    return StepTime(a, slope, tuple(levels))
+
+
+@dataclass(frozen=True)
+class LevelPrediction:
+    """A candidate at one concurrency level: TPOT and output throughput, with intervals."""
+
+    concurrency: int
+    tpot_ms: Estimate
+    output_throughput: Estimate
+    scale_source: str
+    """``fit``: ``rho`` fitted on this method's sweeps; ``roofline``: ``rho = 0`` assumed."""
+
+
+@dataclass
+class ConcurrencyModel:
+    """The baseline's step time against the batch and ``rho`` per method; see the module docstring.
+
+    Build with :func:`fit_concurrency`.
+    """
+
+    step: StepTime
+    study_concurrency: int
+    baseline_tpot: float
+    """The baseline's headline median TPOT (at ``study_concurrency``): what predictions there rest on."""
+    baseline_levels: dict[int, tuple[float, float]]
+    """Measured ``level -> (median TPOT ms, output tokens/s)`` of the baseline."""
+    rho: dict[Method, tuple[float, int]] = field(default_factory=dict)
+    """``method -> (rho, trials it rests on)``."""
+
+    def t0(self, batch: int) -> float:
+        """The baseline's TPOT at ``batch``: measured where it was, else the fitted line."""
+        measured = self.baseline_levels.get(batch)
+        return measured[0] if measured else self.step.at(batch)
+
+    def baseline_throughput(self, batch: int) -> float:
+        """The baseline's output throughput at ``batch``, measured or interpolated."""
+        if batch in self.baseline_levels:
+            return self.baseline_levels[batch][1]
+        eff = sorted((b, thr * t / (1000.0 * b)) for b, (t, thr) in self.baseline_levels.items())
+        if batch <= eff[0][0]:
+            e = eff[0][1]
+        elif batch >= eff[-1][0]:
+            e = eff[-1][1]
+        else:
+            (b0, e0), (b1, e1) = next((lo, hi) for lo, hi in zip(eff, eff[1:], strict=False) if lo[0] <= batch <= hi[0])
+            e = e0 + (e1 - e0) * (batch - b0) / (b1 - b0)
+        return e * 1000.0 * batch / self.step.at(batch)
+
+    def scale(self, method: Method, batch: int) -> tuple[float, str]:
+        """``g(b)`` of ``method`` and where its ``rho`` comes from."""
+        rho, n = self.rho.get(method, (0.0, 0))
+        s1 = self.step.share(self.study_concurrency)
+        g = (rho + self.step.share(batch)) / (rho + s1) if rho + s1 > 0 else 1.0
+        return g, "fit" if n else "roofline"
+
+    def predict(self, prediction: Prediction, batch: int) -> LevelPrediction:
+        """``prediction`` (made at the study's concurrency) moved to ``batch``.
+
+        Each end of the intervals moves with its own pairing of cost and tokens per step, so
+        that at the study's concurrency the prediction comes back unchanged.
+        """
+        g, source = self.scale(prediction.spec.method, batch)
+        t1, thr1 = self.baseline_tpot, self.baseline_levels.get(self.study_concurrency, (0.0, 0.0))[1]
+        tb, thrb = self.t0(batch), self.baseline_throughput(batch)
+        tok = prediction.tokens_per_step
+        pairs = ((prediction.tpot_ms.value, tok.value), (prediction.tpot_ms.low, tok.high),
+                 (prediction.tpot_ms.high, tok.low))
+        tpot = [tb * (1.0 + g * (t * e / t1 - 1.0)) / e for t, e in pairs]
+        thr_pairs = ((prediction.output_throughput.value, tok.value), (prediction.output_throughput.high, tok.high),
+                     (prediction.output_throughput.low, tok.low))
+        thr = [thrb * e / (1.0 + g * (thr1 * e / y - 1.0)) if y > 0 else 0.0 for y, e in thr_pairs]
+        return LevelPrediction(batch, Estimate(tpot[0], min(tpot), max(tpot)),
+                               Estimate(thr[0], min(thr), max(thr)), source)
+
+
+def _baseline_levels(baseline: Measurement) -> dict[int, tuple[float, float]]:
+    out = {}
+    for level in baseline.levels or [baseline.at_concurrency(baseline.concurrency)]:
+        if level is not None and level.tpot_median_ms and level.output_throughput > 0:
+            out[level.concurrency] = (level.tpot_median_ms, level.output_throughput)
+    return out
+
+
+def _fit_rho(ratios: Sequence[tuple[float, float, float]]) -> float:
+    """``rho`` minimising the squared error of ``(rho + s) / (rho + s1)`` against measured ratios
+    ``x(b) / x(b1)``, given as ``(s, s1, ratio)``."""
+    def err(rho: float) -> float:
+        return math.fsum(((rho + s) / (rho + s1) - r) ** 2 for s, s1, r in ratios if rho + s1 > 0)
+
+    return min(_RHO_GRID, key=err)
+
+
+def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> ConcurrencyModel | None:
+    """The concurrency model of a study, or None when its baseline did not sweep two levels.
+
+    ``measured`` are the study's speculative measurements; those with sweeps fit ``rho``.
+    """
+    levels = _baseline_levels(baseline)
+    if len(levels) < 2 or baseline.tpot_ms.median is None:
+        return None
+    step = fit_step_time([(b, t) for b, (t, _) in levels.items()])
+    model = ConcurrencyModel(step, baseline.concurrency, baseline.tpot_ms.median, levels)
+    by_method: dict[Method, list[tuple[float, float, float]]] = {}
+    counts: dict[Method, int] = {}
+    s1 = step.share(baseline.concurrency)
+    for m in measured:
+        profile = measured_profile(m)
+        head = m.at_concurrency(baseline.concurrency)
+        if profile is None or head is None or not head.tpot_median_ms or len(m.levels) < 2:
+            continue
+        e = profile.tokens_per_step
+        x1 = head.tpot_median_ms * e / model.t0(baseline.concurrency) - 1.0
+        if x1 < MIN_SPECULATIVE_PART:
+            continue
+        points = [(step.share(lv.concurrency), s1, (lv.tpot_median_ms * e / model.t0(lv.concurrency) - 1.0) / x1)
+                  for lv in m.levels if lv.concurrency != baseline.concurrency and lv.tpot_median_ms]
+        if points:
+            by_method.setdefault(m.spec.method, []).extend(points)
+            counts[m.spec.method] = counts.get(m.spec.method, 0) + 1
+    model.rho = {method: (_fit_rho(points), counts[method]) for method, points in by_method.items()}
+    return model
+
+
+def levels_of(measurements: Mapping[str, Measurement]) -> list[int]:  # pragma: no cover - helper for tables
+    """Every concurrency level measured by any of ``measurements``, sorted."""
+    return sorted({lv.concurrency for m in measurements.values() for lv in m.levels})

@@ -1,0 +1,212 @@
+"""Concurrency sweeps: one engine measures several levels; predictions move to any level.
+
+Without an engine: the step-time fit and the scaling recover a known law on recorded trials.
+With real engines (tiny models): a study whose workload sweeps two levels stores both, and
+`spectune predict --concurrency` and `spectune export --schedule` use them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import REPO
+from spectune.config import Method
+from spectune.errors import ConfigError
+from spectune.landscape import Landscape
+from spectune.predict import Estimate, Prediction, fit_concurrency, fit_step_time
+from spectune.predict._measured import measured_profile
+from spectune.trial import LatencyStats, LevelStats, Measurement, plan_windows
+from spectune.workloads import Prompt, WorkloadSpec
+
+A, SLOPE = 2.0, 0.5  # ms: the law t0(b) = A + SLOPE b the synthetic sweeps follow
+RHO = 10 ** -0.25  # a proposer's own work relative to verification (a point of the fitted grid)
+X1 = 0.3  # the speculative part of a step at concurrency 1
+EFFICIENCY = 0.9  # the baseline's throughput over b / t0(b)
+
+
+def t0(b: int) -> float:
+    return A + SLOPE * b
+
+
+def share(b: int) -> float:
+    return SLOPE * b / t0(b)
+
+
+def g(b: int) -> float:
+    return (RHO + share(b)) / (RHO + share(1))
+
+
+def _with_levels(m: Measurement, tpot: dict[int, float], throughput: dict[int, float]) -> Measurement:
+    levels = [LevelStats(concurrency=b, num_requests=8, num_failed=0, duration_seconds=1.0,
+                         output_throughput=throughput[b], tpot_median_ms=tpot[b], ttft_median_ms=10.0,
+                         acceptance=m.acceptance) for b in sorted(tpot)]
+    stats = LatencyStats(count=8, mean=tpot[1], median=tpot[1], p90=tpot[1], p99=tpot[1])
+    return m.model_copy(update={"levels": levels, "tpot_ms": stats, "output_throughput": throughput[1]})
+
+
+@pytest.fixture(scope="module")
+def sweep() -> tuple[Measurement, Measurement, float]:
+    """The recorded tiny landscape's baseline and n-gram k=3, given sweeps at 1 and 8 that follow
+    the law; and the n-gram trial's tokens per step."""
+    land = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny.json")
+    by_label = {p.label: p.measurement for p in land.points}
+    base, ngram = by_label["none"], by_label["ngram k=3 lookup=1..3"]
+    assert base is not None and ngram is not None and base.concurrency == 1
+    thr0 = {b: EFFICIENCY * 1000.0 * b / t0(b) for b in (1, 8)}
+    base = _with_levels(base, {b: t0(b) for b in (1, 8)}, thr0)
+    profile = measured_profile(ngram)
+    assert profile is not None
+    e = profile.tokens_per_step
+    tpot = {b: t0(b) * (1 + X1 * g(b)) / e for b in (1, 8)}
+    ngram = _with_levels(ngram, tpot, {b: thr0[b] * t0(b) / tpot[b] for b in (1, 8)})
+    return base, ngram, e
+
+
+def test_step_time_fit_recovers_the_line_and_refuses_one_level() -> None:
+    fit = fit_step_time([(1, t0(1)), (4, t0(4)), (16, t0(16))])
+    assert fit.a == pytest.approx(A) and fit.slope == pytest.approx(SLOPE) and fit.levels == (1, 4, 16)
+    assert fit.share(4) == pytest.approx(share(4))
+    flat = fit_step_time([(1, 5.0), (8, 4.0)])  # faster with more in flight: noise, held flat
+    assert flat.slope == 0.0 and flat.at(100) == pytest.approx(4.5)
+    with pytest.raises(ValueError, match="two concurrency levels"):
+        fit_step_time([(4, 3.0), (4, 3.1)])
+
+
+def test_the_sweep_model_recovers_the_law_and_moves_predictions(sweep: tuple[Measurement, Measurement, float]) -> None:
+    base, ngram, e = sweep
+    model = fit_concurrency(base, [ngram])
+    assert model is not None
+    assert model.step.a == pytest.approx(A) and model.step.slope == pytest.approx(SLOPE)
+    rho, n = model.rho[Method.NGRAM]
+    assert rho == pytest.approx(RHO) and n == 1
+    assert model.scale(Method.SUFFIX, 8)[1] == "roofline"  # nothing swept for suffix: rho = 0
+    assert model.scale(Method.SUFFIX, 8)[0] == pytest.approx(share(8) / share(1))
+    # a candidate of the same proposer, predicted at concurrency 1: moved to other levels by the law
+    tpot1 = t0(1) * (1 + X1) / e
+    thr1 = base.output_throughput * t0(1) / tpot1
+    p = Prediction(label="ngram k=3", spec=ngram.spec, source="replay", acceptance_rate=0.5,
+                   mean_acceptance_length=e, tokens_per_step=Estimate(e, e, e), tpot_ms=Estimate(tpot1, tpot1, tpot1),
+                   output_throughput=Estimate(thr1, thr1, thr1), objective="output_throughput",
+                   value=Estimate(thr1, thr1, thr1), cost_source="fit")
+    same = model.predict(p, 1)
+    assert same.tpot_ms.value == pytest.approx(tpot1) and same.output_throughput.value == pytest.approx(thr1)
+    for b in (2, 4, 8, 32):
+        at = model.predict(p, b)
+        expected_tpot = t0(b) * (1 + X1 * g(b)) / e
+        assert at.tpot_ms.value == pytest.approx(expected_tpot)
+        assert at.output_throughput.value == pytest.approx(EFFICIENCY * 1000.0 * b / t0(b) * t0(b) / expected_tpot)
+        assert at.scale_source == "fit"
+    assert model.predict(p, 8).output_throughput.value == pytest.approx(ngram.levels[1].output_throughput)
+
+
+def test_a_study_measured_at_one_level_cannot_be_moved(sweep: tuple[Measurement, Measurement, float]) -> None:
+    from spectune.predict import StudyInputs
+
+    base, ngram, _ = sweep
+    plain = base.model_copy(update={"levels": []})
+    assert fit_concurrency(plain, [ngram]) is None
+    inputs = StudyInputs([], plain, [ngram], "output_throughput", True, {}, None)
+    with pytest.raises(ConfigError, match="measured at concurrency 1 only.*concurrency_levels"):
+        inputs.at_concurrency([], [4])
+
+
+def test_sweep_windows_are_disjoint_and_large_enough() -> None:
+    prompts = [Prompt(id=f"p{i}", text=str(i)) for i in range(12)]
+    workload = WorkloadSpec(source="x.jsonl", concurrency_levels=[1, 4])
+    windows, levels = plan_windows(prompts, workload, repeats=2)
+    assert [len(w) for w in windows] == [4, 4] and list(levels) == [4] and len(levels[4]) == 4
+    ids = [p.id for w in [*windows, *levels.values()] for p in w]
+    assert sorted(ids) == sorted(p.id for p in prompts)  # every prompt once
+    assert plan_windows(prompts, WorkloadSpec(source="x.jsonl", concurrency=4), repeats=2)[1] == {}
+    with pytest.raises(ConfigError, match="level 8 needs at least 8 prompts.*at least 24"):
+        plan_windows(prompts, WorkloadSpec(source="x.jsonl", concurrency_levels=[1, 8]), repeats=2)
+
+
+# -- real engines ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def swept_study(tiny_models, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A real study of the baseline and n-gram k=3, each engine measuring concurrency 1 and 4."""
+    from conftest import study_config
+    from spectune.study import run_study
+
+    tmp = tmp_path_factory.mktemp("sweep")
+    prompts = tmp / "prompts.jsonl"
+    with prompts.open("w") as f:
+        for i in range(16):
+            name = f"f{i}"
+            body = "\n".join(f"    {name}_{j} = {name}_{j - 1} * {i + 2}" for j in range(1, 5))
+            f.write(json.dumps({"id": name, "prompt": f"def {name}(x):\n    {name}_0 = x\n{body}\n\n"
+                                                      f"def {name}_b(x):\n    {name}_0 = x\n"}) + "\n")
+    space = ("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: 3\n"
+             "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
+    cfg = study_config(tmp, tiny_models.target, prompts, space, "sweep", trials=2,
+                       workload={"source": str(prompts), "concurrency_levels": [1, 4], "num_prompts": 16,
+                                 "sampling": {"max_tokens": 32, "temperature": 0.0}})
+    run_study(cfg)
+    return cfg, tmp
+
+
+@pytest.mark.engine
+def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_study) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from spectune.cli import app
+    from spectune.results import open_study
+
+    cfg, tmp = swept_study
+    view = open_study(cfg.storage, "sweep")
+    rows = view.complete()
+    assert [r.label for r in rows] == ["none", "ngram k=3 lookup=1..3"]
+    base, ngram = (view.store.measurement(r.trial_id) for r in rows)
+    assert base is not None and ngram is not None
+    for m in (base, ngram):
+        assert [lv.concurrency for lv in m.levels] == [1, 4]
+        assert [lv.num_requests for lv in m.levels] == [8, 8] and m.num_requests == 8  # disjoint halves
+        assert m.levels[0].output_throughput == m.output_throughput  # the headline level is level 1
+        assert all(lv.num_failed == 0 and lv.tpot_median_ms for lv in m.levels)
+    # four requests in flight share each step: more tokens per second than one at a time
+    assert base.levels[1].output_throughput > 1.5 * base.levels[0].output_throughput
+    assert all(lv.acceptance is not None and lv.acceptance.num_drafts > 0 for lv in ngram.levels)
+    assert base.levels[0].acceptance is None
+
+    # widen the study's space (the file it was run with): n-gram k=2 and k=4 are left to predict
+    (tmp / "space.yaml").write_text("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [2, 3, 4]\n"
+                                    "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
+    inputs = view.prediction_inputs()
+    model = inputs.concurrency_model()
+    assert model is not None and model.step.levels == (1, 4)
+    assert model.t0(4) == base.levels[1].tpot_median_ms and model.rho[Method.NGRAM][1] == 1
+    preds = inputs.predict()
+    assert sorted(p.label for p in preds) == ["ngram k=2 lookup=1..3", "ngram k=4 lookup=1..3"]
+    moved = inputs.at_concurrency(preds, [1, 4, 16])
+    for p, (at1, at4, at16) in zip(preds, moved, strict=True):
+        assert at1.output_throughput.value == pytest.approx(p.output_throughput.value)
+        assert at1.tpot_ms.value == pytest.approx(p.tpot_ms.value)
+        assert at4.output_throughput.value > at1.output_throughput.value  # as the baseline's did
+        for at in (at1, at4, at16):
+            assert at.output_throughput.low <= at.output_throughput.value <= at.output_throughput.high
+            assert 0 < at.tpot_ms.low <= at.tpot_ms.value <= at.tpot_ms.high and math.isfinite(at.tpot_ms.high)
+            assert at.scale_source == "fit"
+
+    runner = CliRunner()
+    shown = runner.invoke(app, ["predict", "--storage", cfg.storage, "--study", "sweep", "--concurrency", "2,8"],
+                          env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    assert "c=2 tok/s" in shown.output and "c=8 tpot ms" in shown.output and "fitted on the baseline at 1, 4" in shown.output
+    assert shown.output.count("ngram k=2 lookup=1..3") == 2  # in the ranking and at the other levels
+
+    # the batch schedule of the n-gram trial rests on the sweep, and vLLM takes it
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    from spectune.export import batch_schedule
+
+    schedule = batch_schedule(view, ngram, base, 16)
+    assert "sweep at concurrency 1, 4" in schedule["model"]
+    ranges = schedule["num_speculative_tokens_per_batch_size"]
+    assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 16
