@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -97,6 +98,12 @@ class EngineTrace:
     pgid: int
     port: int
     descendants: list[int]
+    affinity: dict[str, set[int]]
+    """CPUs each process of the engine (by name) may run on; a worker: the CPUs of its threads."""
+    binding: object
+    """The server's :class:`~spectune.engines.CpuBinding` (None: not pinned)."""
+    client_affinity: set[int]
+    """The CPUs of this (client) process while the engine ran."""
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -126,8 +133,16 @@ def recording_server(traces: list[EngineTrace]):  # noqa: ANN201
     class RecordingServer(VLLMServer):
         def stop(self) -> None:
             if self.pid is not None and self.is_running():
-                kids = [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
-                traces.append(EngineTrace(pgid=os.getpgid(self.pid), port=self.port, descendants=kids))
+                root = psutil.Process(self.pid)
+                kids = root.children(recursive=True)
+                affinity: dict[str, set[int]] = {"server": set(root.cpu_affinity())}
+                for kid in kids:
+                    with contextlib.suppress(psutil.Error):
+                        threads = [os.sched_getaffinity(t.id) for t in kid.threads()]
+                        affinity[kid.name()] = set().union(*threads)
+                traces.append(EngineTrace(pgid=os.getpgid(self.pid), port=self.port, descendants=[k.pid for k in kids],
+                                          affinity=affinity, binding=self.binding,
+                                          client_affinity=os.sched_getaffinity(0)))
             super().stop()
 
     return RecordingServer

@@ -45,8 +45,8 @@ def runs(tiny_models, repetitive_prompts: Path, traces: list[EngineTrace], tmp_p
     out["self_draft"] = measure(
         engine, SpecConfig(method=Method.DRAFT_MODEL, model=str(tiny_models.target), num_speculative_tokens=K),
         workload, prompts, log_dir=logs, server_factory=factory)
-    out["ngram"] = measure(
-        engine, SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1, prompt_lookup_max=3),
+    out["ngram"] = measure(  # kept off vLLM's compute CPUs, with the client (SPECTUNE_CPU_PIN=1)
+        tiny_engine_args(tiny_models.target, env={"SPECTUNE_CPU_PIN": "1"}), SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1, prompt_lookup_max=3),
         workload, prompts, log_dir=logs, server_factory=factory)
     proc = subprocess.run(
         [sys.executable, "-m", "spectune.cli", "measure", "--model", str(tiny_models.target),
@@ -119,6 +119,46 @@ def test_no_engine_process_or_port_left_behind(runs: dict[str, Measurement], tra
     assert port_is_free(port)
     for p in psutil.process_iter(["cmdline"]):
         assert "--port" not in (c := p.info["cmdline"] or []) or c[c.index("--port") + 1] != str(port)
+
+
+def test_cpu_engines_keep_their_front_end_and_the_client_off_the_compute_cpus_when_asked(
+        runs: dict[str, Measurement], traces: list[EngineTrace]) -> None:
+    """vLLM binds only its compute threads; with SPECTUNE_CPU_PIN=1 (the n-gram engine) its API
+    server, engine core and our client keep to the other CPUs; without (the self-draft engine),
+    they are left alone. On a machine with one CPU there is nothing to separate."""
+    from spectune.engines import PIN_ENV, cpu_binding, detect_platform
+
+    unpinned, pinned = traces
+    assert unpinned.binding is None
+    expected = cpu_binding(detect_platform(), env={PIN_ENV: "1"})
+    if len(os.sched_getaffinity(0)) < 2:
+        assert expected is None and pinned.binding is None
+        return
+    assert expected is not None and set(expected.compute).isdisjoint(expected.frontend)
+    assert pinned.binding == expected
+    assert pinned.affinity["server"] == set(expected.frontend)
+    assert pinned.affinity["VLLM::EngineCore"] == set(expected.frontend)
+    assert pinned.affinity["VLLM::Worker"] == set(expected.compute)  # every thread of the worker
+    assert pinned.client_affinity == set(expected.frontend)
+    assert unpinned.affinity["server"] == unpinned.client_affinity == os.sched_getaffinity(0)
+    assert os.sched_getaffinity(0) >= set(expected.compute)  # the client's CPUs given back after the engine
+
+
+def test_cpu_binding_follows_vllms_choice_and_steps_aside_when_asked() -> None:
+    from spectune.engines import PIN_ENV, Platform, cpu_binding
+
+    cpu = Platform(name="cpu", serve_command=("python",), pin_frontend=True)
+    allowed = sorted(os.sched_getaffinity(0))
+    assert cpu_binding(cpu, env={PIN_ENV: "0"}) is None  # off unless asked
+    binding = cpu_binding(cpu, env={PIN_ENV: "1"})
+    if len(allowed) >= 2:
+        assert binding is not None and binding.compute and max(binding.compute) < allowed[-1]
+        assert binding.frontend | set(binding.compute) == set(allowed)
+        assert binding.env == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, binding.compute))}
+    for env in ({"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}):
+        assert cpu_binding(cpu, env={PIN_ENV: "1", **env}) is None, env
+    assert cpu_binding(cpu, tensor_parallel_size=2, env={PIN_ENV: "1"}) is None
+    assert cpu_binding(Platform(name="gpu", serve_command=("vllm", "serve")), env={PIN_ENV: "1"}) is None
 
 
 def test_bad_model_path_exits_1_with_the_engine_reason_quickly(tmp_path: Path, repetitive_prompts: Path) -> None:

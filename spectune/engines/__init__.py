@@ -1,7 +1,7 @@
 """Inference engines: the only code that starts or talks to an engine process."""
 
 from spectune.engines._base import EngineServer
-from spectune.engines._platform import Platform, detect_platform, vllm_version
+from spectune.engines._platform import PIN_ENV, CpuBinding, Platform, cpu_binding, detect_platform, vllm_version
 from spectune.engines._vllm import (
     VLLMServer,
     build_command,
@@ -11,11 +11,14 @@ from spectune.engines._vllm import (
 )
 
 __all__ = [
+    "PIN_ENV",
+    "CpuBinding",
     "EngineServer",
     "Platform",
     "VLLMServer",
     "build_command",
     "detect_platform",
+    "cpu_binding",
     "free_port",
     "resolve_engine_args",
     "summarize_failure",

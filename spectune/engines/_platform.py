@@ -7,19 +7,31 @@ all kept here and nowhere else:
 - its ``vllm`` console script fails (it looks up metadata of a distribution named ``vllm``),
   so the server is started through the module entry point;
 - the KV cache must be sized explicitly (``--kv-cache-memory-bytes``);
-- eager mode saves 30-40 s of torch.compile per engine start.
+- eager mode saves 30-40 s of torch.compile per engine start;
+- its compute threads are bound to every CPU but the last (vLLM reserves that one for "the
+  scheduler"), yet nothing keeps the engine's other processes (the API server, the busy-polling
+  engine core) or spectune's own client off the compute CPUs: when the kernel puts one of them
+  there, that engine could run slower for its whole life. ``SPECTUNE_CPU_PIN=1`` keeps them off
+  the compute CPUs (:func:`cpu_binding`).
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Platform", "detect_platform", "vllm_version"]
+__all__ = ["PIN_ENV", "CpuBinding", "Platform", "detect_platform", "cpu_binding", "vllm_version"]
+
+PIN_ENV = "SPECTUNE_CPU_PIN"
+"""Set to 1 to keep the CPU engine's API server and engine core, and spectune's client, off vLLM's
+compute CPUs (:func:`cpu_binding`). Off by default: on our machines it did not make engines
+steadier (benchmarks/results/engine_spread.json), and a deployment runs vLLM unpinned."""
 
 CPU_KV_CACHE_BYTES = 512 * 2**20
 
@@ -36,6 +48,9 @@ class Platform:
     """Engine arguments (EngineArgs field names) applied where the user set none."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment the engine needs on this platform."""
+    pin_frontend: bool = False
+    """Whether the engine's non-compute processes and the client can be kept on vLLM's reserved
+    CPUs when asked (:func:`cpu_binding`)."""
 
 
 def _distribution_version(name: str) -> str | None:
@@ -66,6 +81,7 @@ def detect_platform() -> Platform:
                 "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
                 "dtype": "bfloat16",
             },
+            pin_frontend=True,
         )
     vllm_exe = shutil.which("vllm")
     if vllm_exe is not None:
@@ -76,3 +92,55 @@ def detect_platform() -> Platform:
         name="gpu",
         serve_command=(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"),
     )
+
+
+@dataclass(frozen=True)
+class CpuBinding:
+    """Where a CPU engine's processes run: vLLM's compute threads on ``compute`` (passed as
+    ``VLLM_CPU_OMP_THREADS_BIND``), its API server and engine core, and spectune's client, on
+    ``frontend`` (every other CPU this process may use)."""
+
+    compute: tuple[int, ...]
+    frontend: frozenset[int]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, self.compute))}
+
+
+def _physical_core(cpu: int) -> tuple[str, str]:
+    topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return (topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip()
+    except OSError:
+        return ("", str(cpu))
+
+
+def cpu_binding(platform: Platform, tensor_parallel_size: int | None = None,
+                env: dict[str, str] | None = None) -> CpuBinding | None:
+    """How to place a CPU engine's processes, or None to leave them where vLLM and the kernel put them.
+
+    vLLM's own choice (``VLLM_CPU_OMP_THREADS_BIND=auto`` on x86) is one logical CPU per physical
+    core for the compute threads, the last of them reserved "for the scheduler"; it binds only the
+    compute threads. The same CPUs are chosen here, and the rest of the engine and the client are
+    kept off them. Only where that choice is simple: this platform pins, one NUMA node, tensor
+    parallel size 1, at least two physical cores, asked for (:data:`PIN_ENV` = 1, in the environment
+    or the engine's ``env``), and the user does not place vLLM's threads (``VLLM_CPU_OMP_THREADS_BIND``
+    other than ``auto``, ``VLLM_CPU_NUM_OF_RESERVED_CPU``).
+    """
+    env = {**os.environ, **(env or {})}
+    if not platform.pin_frontend or env.get(PIN_ENV, "0") != "1" or (tensor_parallel_size or 1) != 1:
+        return None
+    if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in env:
+        return None
+    if len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) > 1:
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    last_per_core: dict[tuple[str, str], int] = {}
+    for cpu in allowed:
+        last_per_core[_physical_core(cpu)] = cpu  # sorted: the last logical CPU of each core wins
+    selected = sorted(last_per_core.values())
+    if len(selected) < 2:
+        return None
+    compute = tuple(selected[:-1])
+    return CpuBinding(compute=compute, frontend=frozenset(set(allowed) - set(compute)))

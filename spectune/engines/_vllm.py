@@ -23,7 +23,7 @@ import httpx
 
 from spectune.config import EngineArgs, SpecConfig
 from spectune.engines._base import EngineServer
-from spectune.engines._platform import Platform, detect_platform
+from spectune.engines._platform import Platform, cpu_binding, detect_platform
 from spectune.errors import EngineStartError, EngineTimeoutError
 
 _logger = logging.getLogger(__name__)
@@ -85,6 +85,39 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+class _ClientPin:
+    """Keeps every thread of this process on given CPUs while at least one engine wants it, and
+    gives the threads their earlier CPUs back when the last one stops (engines may overlap)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._before: dict[int, set[int]] = {}
+
+    def acquire(self, cpus: set[int]) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            for tid in map(int, os.listdir("/proc/self/task")):
+                with contextlib.suppress(OSError):  # a thread gone meanwhile
+                    self._before[tid] = os.sched_getaffinity(tid)
+                    os.sched_setaffinity(tid, cpus)
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            for tid, cpus in self._before.items():
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(tid, cpus)
+            self._before = {}
+
+
+_CLIENT_PIN = _ClientPin()
+
+
 # Errors that only wrap the real cause ("see root cause above"): skipped when a cause is there.
 _WRAPPERS = ("root cause above", "initialization failed", "died unexpectedly", "EngineDeadError")
 
@@ -138,6 +171,9 @@ class VLLMServer(EngineServer):
         self._sampler: threading.Thread | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._sampling = threading.Event()
+        self.binding = cpu_binding(self.platform, self.args.tensor_parallel_size, self.args.env)
+        """Where the engine's compute threads, its other processes and this client run (None: not pinned)."""
+        self._client_pinned = False
 
     # -- contract -------------------------------------------------------------------------
     @property
@@ -178,7 +214,8 @@ class VLLMServer(EngineServer):
             raise RuntimeError("this server was already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._tmpdir = tempfile.mkdtemp(prefix="spectune-engine-")
-        env = {**os.environ, **self.args.env, "TMPDIR": self._tmpdir, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **(self.binding.env if self.binding else {}), **self.args.env,
+               "TMPDIR": self._tmpdir, "PYTHONUNBUFFERED": "1"}
         _logger.info("starting engine: %s", " ".join(self.command))
         t0 = time.monotonic()
         with self.log_path.open("ab") as log:
@@ -191,17 +228,28 @@ class VLLMServer(EngineServer):
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe enough
+                preexec_fn=self._in_child,  # noqa: PLW1509 - prctl and sched_setaffinity only
             )
+        if self.binding is not None:  # the client too: off the engine's compute CPUs while it lives
+            _CLIENT_PIN.acquire(set(self.binding.frontend))
+            self._client_pinned = True
         self._start_watchdog()
         self._start_sampler()
         self._wait_healthy(t0)
         self.startup_seconds = time.monotonic() - t0
         _logger.info("engine healthy on %s after %.1f s", self.base_url, self.startup_seconds)
 
+    def _in_child(self) -> None:  # pragma: no cover - runs in the child between fork and exec
+        _die_with_parent()
+        if self.binding is not None:  # vLLM's worker binds its compute threads itself (the env's list)
+            os.sched_setaffinity(0, self.binding.frontend)
+
     def stop(self) -> None:
         proc = self._proc
         self._sampling.set()
+        if self._client_pinned:
+            _CLIENT_PIN.release()
+            self._client_pinned = False
         if proc is not None:
             self._stop_group(proc)
         if self._watchdog is not None:

