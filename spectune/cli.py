@@ -250,10 +250,14 @@ def predict(
     title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
     Console().print(predictions_table(predictions[:top], title=title))
     if levels:
+        from spectune.predict import measured_prediction
+
         model = inputs.concurrency_model()
-        scaled = inputs.at_concurrency(predictions[:top], levels)
+        measured = [p for m in inputs.measured if (p := measured_prediction(m, inputs.objective)) is not None]
+        shown = [*measured, *predictions[:top]]  # the measured ones too: how would they do elsewhere?
+        scaled = inputs.at_concurrency(shown, levels)
         assert model is not None  # at_concurrency has refused otherwise
-        Console().print(levels_table(predictions[:top], scaled, title=(
+        Console().print(levels_table(shown, scaled, title=(
             f"at other concurrency: step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
             f"fitted on the baseline at {', '.join(map(str, model.step.levels))}")))
 

@@ -199,6 +199,8 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
     assert shown.exit_code == 0, shown.output
     assert "c=2 tok/s" in shown.output and "c=8 tpot ms" in shown.output and "fitted on the baseline at 1, 4" in shown.output
     assert shown.output.count("ngram k=2 lookup=1..3") == 2  # in the ranking and at the other levels
+    levels_part = shown.output[shown.output.index("at other concurrency"):]
+    assert "ngram k=3 lookup=1..3" in levels_part and "measured" in levels_part  # the measured one, moved
 
     # the batch schedule of the n-gram trial rests on the sweep, and vLLM takes it
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule

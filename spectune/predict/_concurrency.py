@@ -27,7 +27,7 @@ the measured levels.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,7 +37,7 @@ from spectune.predict._measured import measured_profile
 
 if TYPE_CHECKING:
     from spectune.predict._rank import Prediction
-    from spectune.trial import Measurement
+    from spectune.trial import LevelStats, Measurement
 
 __all__ = ["ConcurrencyModel", "LevelPrediction", "StepTime", "fit_concurrency", "fit_step_time"]
 
@@ -114,7 +114,9 @@ class ConcurrencyModel:
     baseline_levels: dict[int, tuple[float, float]]
     """Measured ``level -> (median TPOT ms, output tokens/s)`` of the baseline."""
     rho: dict[Method, tuple[float, int]] = field(default_factory=dict)
-    """``method -> (rho, trials it rests on)``."""
+    """``method -> (rho, trials it rests on)``, fitted on TPOT."""
+    rho_throughput: dict[Method, tuple[float, int]] = field(default_factory=dict)
+    """The same, fitted on output throughput."""
 
     def t0(self, batch: int) -> float:
         """The baseline's TPOT at ``batch``: measured where it was, else the fitted line."""
@@ -135,9 +137,10 @@ class ConcurrencyModel:
             e = e0 + (e1 - e0) * (batch - b0) / (b1 - b0)
         return e * 1000.0 * batch / self.step.at(batch)
 
-    def scale(self, method: Method, batch: int) -> tuple[float, str]:
-        """``g(b)`` of ``method`` and where its ``rho`` comes from."""
-        rho, n = self.rho.get(method, (0.0, 0))
+    def scale(self, method: Method, batch: int, of: str = "tpot") -> tuple[float, str]:
+        """``g(b)`` of ``method`` for TPOT (``of="tpot"``) or throughput, and where its ``rho``
+        comes from."""
+        rho, n = (self.rho if of == "tpot" else self.rho_throughput).get(method, (0.0, 0))
         s1 = self.step.share(self.study_concurrency)
         g = (rho + self.step.share(batch)) / (rho + s1) if rho + s1 > 0 else 1.0
         return g, "fit" if n else "roofline"
@@ -149,6 +152,7 @@ class ConcurrencyModel:
         that at the study's concurrency the prediction comes back unchanged.
         """
         g, source = self.scale(prediction.spec.method, batch)
+        g_thr, _ = self.scale(prediction.spec.method, batch, "throughput")
         t1, thr1 = self.baseline_tpot, self.baseline_levels.get(self.study_concurrency, (0.0, 0.0))[1]
         tb, thrb = self.t0(batch), self.baseline_throughput(batch)
         tok = prediction.tokens_per_step
@@ -157,7 +161,7 @@ class ConcurrencyModel:
         tpot = [tb * (1.0 + g * (t * e / t1 - 1.0)) / e for t, e in pairs]
         thr_pairs = ((prediction.output_throughput.value, tok.value), (prediction.output_throughput.high, tok.high),
                      (prediction.output_throughput.low, tok.low))
-        thr = [thrb * e / (1.0 + g * (thr1 * e / y - 1.0)) if y > 0 else 0.0 for y, e in thr_pairs]
+        thr = [thrb * e / (1.0 + g_thr * (thr1 * e / y - 1.0)) if y > 0 else 0.0 for y, e in thr_pairs]
         return LevelPrediction(batch, Estimate(tpot[0], min(tpot), max(tpot)),
                                Estimate(thr[0], min(thr), max(thr)), source)
 
@@ -182,34 +186,43 @@ def _fit_rho(ratios: Sequence[tuple[float, float, float]]) -> float:
 def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> ConcurrencyModel | None:
     """The concurrency model of a study, or None when its baseline did not sweep two levels.
 
-    ``measured`` are the study's speculative measurements; those with sweeps fit ``rho``.
+    ``measured`` are the study's speculative measurements; those with sweeps fit ``rho``: once on
+    their TPOT, once on their throughput (``x`` as the throughput-equivalent speculative part,
+    ``thr0(b) E / thr(b) - 1``, which carries what the prefill's share does at each level).
     """
     levels = _baseline_levels(baseline)
     if len(levels) < 2 or baseline.tpot_ms.median is None:
         return None
     step = fit_step_time([(b, t) for b, (t, _) in levels.items()])
     model = ConcurrencyModel(step, baseline.concurrency, baseline.tpot_ms.median, levels)
-    by_method: dict[Method, list[tuple[float, float, float]]] = {}
-    counts: dict[Method, int] = {}
-    s1 = step.share(baseline.concurrency)
-    for m in measured:
-        profile = measured_profile(m)
-        head = m.at_concurrency(baseline.concurrency)
-        if profile is None or head is None or not head.tpot_median_ms or len(m.levels) < 2:
-            continue
-        e = profile.tokens_per_step
-        x1 = head.tpot_median_ms * e / model.t0(baseline.concurrency) - 1.0
-        if x1 < MIN_SPECULATIVE_PART:
-            continue
-        points = [(step.share(lv.concurrency), s1, (lv.tpot_median_ms * e / model.t0(lv.concurrency) - 1.0) / x1)
-                  for lv in m.levels if lv.concurrency != baseline.concurrency and lv.tpot_median_ms]
-        if points:
-            by_method.setdefault(m.spec.method, []).extend(points)
-            counts[m.spec.method] = counts.get(m.spec.method, 0) + 1
-    model.rho = {method: (_fit_rho(points), counts[method]) for method, points in by_method.items()}
+    b1, s1 = baseline.concurrency, step.share(baseline.concurrency)
+
+    def x_tpot(lv: LevelStats, e: float) -> float | None:
+        return lv.tpot_median_ms * e / model.t0(lv.concurrency) - 1.0 if lv.tpot_median_ms else None
+
+    def x_throughput(lv: LevelStats, e: float) -> float | None:
+        return model.baseline_throughput(lv.concurrency) * e / lv.output_throughput - 1.0 \
+            if lv.output_throughput > 0 else None
+
+    for kind, x_of in (("tpot", x_tpot), ("throughput", x_throughput)):
+        ratios: dict[Method, list[tuple[float, float, float]]] = {}
+        counts: dict[Method, int] = {}
+        for m in measured:
+            profile, head = measured_profile(m), m.at_concurrency(b1)
+            if profile is None or head is None or len(m.levels) < 2:
+                continue
+            e = profile.tokens_per_step
+            x1 = x_of(head, e)
+            if x1 is None or x1 < MIN_SPECULATIVE_PART:
+                continue
+            points = [(step.share(lv.concurrency), s1, x / x1) for lv in m.levels
+                      if lv.concurrency != b1 and (x := x_of(lv, e)) is not None]
+            if points:
+                ratios.setdefault(m.spec.method, []).extend(points)
+                counts[m.spec.method] = counts.get(m.spec.method, 0) + 1
+        fitted = {method: (_fit_rho(points), counts[method]) for method, points in ratios.items()}
+        if kind == "tpot":
+            model.rho = fitted
+        else:
+            model.rho_throughput = fitted
     return model
-
-
-def levels_of(measurements: Mapping[str, Measurement]) -> list[int]:  # pragma: no cover - helper for tables
-    """Every concurrency level measured by any of ``measurements``, sorted."""
-    return sorted({lv.concurrency for m in measurements.values() for lv in m.levels})

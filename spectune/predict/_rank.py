@@ -43,7 +43,7 @@ from spectune.predict._replay import ReplayAcceptance, replay_ngram, replay_suff
 if TYPE_CHECKING:
     from spectune.trial import Measurement
 
-__all__ = ["PRIOR_ALPHA", "Prediction", "StudyInputs", "predict_candidates"]
+__all__ = ["PRIOR_ALPHA", "Prediction", "StudyInputs", "measured_prediction", "predict_candidates"]
 
 
 PRIOR_ALPHA: dict[Method, float] = {
@@ -86,6 +86,22 @@ class Prediction:
     value: Estimate
     cost_source: str
     note: str = ""
+
+
+def measured_prediction(m: Measurement, objective: str = "output_throughput") -> Prediction | None:
+    """A measured speculative trial as a prediction without interval, at its own concurrency
+    (so that it can be moved to others, :meth:`ConcurrencyModel.predict`); None without counters."""
+    from spectune.study import Objective
+
+    profile = measured_profile(m)
+    tpot = m.tpot_ms.median
+    if profile is None or tpot is None:
+        return None
+    e, thr, value = profile.tokens_per_step, m.output_throughput, Objective(objective).of(m)
+    return Prediction(label=m.spec.label(), spec=m.spec, source="measured", acceptance_rate=profile.acceptance_rate,
+                      mean_acceptance_length=profile.mean_acceptance_length, tokens_per_step=Estimate(e, e, e),
+                      tpot_ms=Estimate(tpot, tpot, tpot), output_throughput=Estimate(thr, thr, thr),
+                      objective=objective, value=Estimate(value, value, value), cost_source="measured")
 
 
 # -- acceptance of one candidate --------------------------------------------------------------

@@ -52,8 +52,9 @@ def levels_table(predictions: Sequence[Prediction], levels: Sequence[Sequence[Le
     for lp in levels[0] if levels else ():
         t.add_column(f"c={lp.concurrency} tok/s", overflow="fold")
         t.add_column(f"c={lp.concurrency} tpot ms", overflow="fold")
+    t.add_column("from")
     t.add_column("scaling")
     for i, (p, row) in enumerate(zip(predictions, levels, strict=True), 1):
         cells = [c for lp in row for c in (_interval(lp.output_throughput), _interval(lp.tpot_ms))]
-        t.add_row(str(i), escape(p.label), *cells, row[0].scale_source if row else "")
+        t.add_row(str(i), escape(p.label), *cells, p.source, row[0].scale_source if row else "")
     return t
