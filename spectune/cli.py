@@ -46,6 +46,8 @@ def _root(
     _state["debug"] = debug
     level = logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not (debug or verbose):  # vLLM imported for the offline replay warns about its own build (Triton)
+        logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def _parse_engine_arg(items: list[str]) -> dict[str, Any]:
@@ -336,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, typer.Abort):
         console.print("interrupted")
         sys.exit(130)
+    if code == 130:  # typer turns Ctrl-C in a command into Exit(130), returned here
+        console.print("interrupted")
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -180,7 +180,10 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
     inputs = view.prediction_inputs()
     model = inputs.concurrency_model()
     assert model is not None and model.step.levels == (1, 4)
-    assert model.t0(4) == base.levels[1].tpot_median_ms and model.rho[Method.NGRAM][1] == 1
+    assert model.t0(4) == base.levels[1].tpot_median_ms
+    # n-gram's rho rests on this trial, unless its speculative part was too close to free to scale
+    fitted = Method.NGRAM in model.rho
+    assert model.rho.get(Method.NGRAM, (0.0, 1))[1] == 1
     preds = inputs.predict()
     assert sorted(p.label for p in preds) == ["ngram k=2 lookup=1..3", "ngram k=4 lookup=1..3"]
     moved = inputs.at_concurrency(preds, [1, 4, 16])
@@ -191,7 +194,7 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
         for at in (at1, at4, at16):
             assert at.output_throughput.low <= at.output_throughput.value <= at.output_throughput.high
             assert 0 < at.tpot_ms.low <= at.tpot_ms.value <= at.tpot_ms.high and math.isfinite(at.tpot_ms.high)
-            assert at.scale_source == "fit"
+            assert at.scale_source == ("fit" if fitted else "roofline")
 
     runner = CliRunner()
     shown = runner.invoke(app, ["predict", "--storage", cfg.storage, "--study", "sweep", "--concurrency", "2,8"],
