@@ -73,6 +73,8 @@ def _held_out(baseline: Any, speculative: list[Any], level: int) -> dict[str, An
         if measured is None or not measured.tpot_median_ms:
             continue
         p = measured_prediction(m)
+        if p is None:
+            continue
         row: dict[str, Any] = {"config": m.spec.label(), "measured_throughput": measured.output_throughput,
                                "measured_tpot_ms": measured.tpot_median_ms}
         for way, rho in WAYS.items():
@@ -83,6 +85,8 @@ def _held_out(baseline: Any, speculative: list[Any], level: int) -> dict[str, An
             errors[way]["throughput"].append(_error(at.output_throughput.value, measured.output_throughput))
             errors[way]["tpot"].append(_error(at.tpot_ms.value, measured.tpot_median_ms))
         out["candidates"].append(row)
+    if not out["candidates"]:
+        raise SystemExit(f"error: no speculative candidate was measured at concurrency {level}")
     for way, e in errors.items():
         out[way] = {"throughput_error": statistics.fmean(e["throughput"]), "tpot_error": statistics.fmean(e["tpot"])}
     return out
@@ -99,6 +103,7 @@ def evaluate(path: Path, out_path: Path) -> dict[str, Any]:
     held = {str(h): _held_out(baseline, speculative, h) for h in levels if h != baseline.concurrency}
     result: dict[str, Any] = {
         "landscape": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path),
+        "recorded_on": {"versions": baseline.versions.model_dump(), "hardware": baseline.hardware.model_dump()},
         "levels": levels, "headline_concurrency": baseline.concurrency,
         "candidates": [m.spec.label() for m in speculative],
         "baseline_throughput": {str(lv.concurrency): lv.output_throughput for lv in baseline.levels},

@@ -67,14 +67,19 @@ def main() -> None:
             for mode in (("pinned", "unpinned") if i % 2 == 0 else ("unpinned", "pinned")):
                 os.environ[PIN_ENV] = "1" if mode == "pinned" else "0"
                 m = measure(engine, SpecConfig(), workload, prompts, log_dir=work, repeats=2)
+                if m.ttft_ms.median is None or m.tpot_ms.median is None or m.output_throughput <= 0:
+                    raise SystemExit(f"error: start {i + 1} ({mode}) measured no latency: {m.num_failed} requests failed")
                 runs[mode].append({"output_throughput": m.output_throughput, "ttft_median_ms": m.ttft_ms.median,
                                    "tpot_median_ms": m.tpot_ms.median,
                                    "windows": [w.output_throughput for w in m.windows]})
                 print(f"start {i + 1} {mode}: {m.output_throughput:.1f} tok/s, TTFT {m.ttft_ms.median:.0f} ms, "
                       f"TPOT {m.tpot_ms.median:.1f} ms", file=sys.stderr, flush=True)
     os.environ.pop(PIN_ENV, None)
+    from spectune.provenance import hardware, versions
+
     result: dict[str, Any] = {
         "recorded_at": dt.datetime.now(dt.timezone.utc).isoformat(), "model": engine.model,
+        "versions": versions().model_dump(), "hardware": hardware().model_dump(),
         "cpus": len(os.sched_getaffinity(0)), "starts_per_mode": args.starts,
         "workload": workload.model_dump(mode="json"), "runs": runs,
     }

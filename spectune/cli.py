@@ -244,8 +244,8 @@ def predict(
             levels = [int(x) for x in concurrency.split(",") if x.strip()]
         except ValueError:
             raise ConfigError(f"--concurrency {concurrency!r}: expected levels like 1,8,32") from None
-        if not levels or min(levels) < 1:
-            raise ConfigError(f"--concurrency {concurrency!r}: expected levels >= 1, like 1,8,32")
+        if not levels:
+            raise ConfigError(f"--concurrency {concurrency!r}: expected levels like 1,8,32")
     view = open_study(storage, study)
     inputs = view.prediction_inputs()
     predictions = inputs.predict()

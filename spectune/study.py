@@ -142,7 +142,9 @@ class StudyConfig(StrictModel):
         """The engine arguments of every trial: the space's fixed ones (its ``engine:``
         section), then the study's ``engine`` on top (the study's values win), with the target."""
         shared = space.engine.model_dump(exclude_unset=True, exclude={"model"}) if space is not None else {}
-        return validate(EngineArgs, {**shared, **self.engine, "model": self.target}, "engine")
+        env = {**shared.get("env", {}), **self.engine.get("env", {})}  # key by key
+        return validate(EngineArgs, {**shared, **self.engine, **({"env": env} if env else {}), "model": self.target},
+                        "engine")
 
     def resolved_study_name(self) -> str:
         if self.study_name:
@@ -309,9 +311,13 @@ def run_study(
         study.set_metric_names([o.value for o in config.objectives])
     stored = study.user_attrs.get("spectune_config")
     current = json.loads(config.model_dump_json())
-    if isinstance(stored, dict):
-        _require_same_measurements(name, stored, current)
+    resolved = json.loads(engine.model_dump_json())  # the space's engine section included
+    if isinstance(stored, dict):  # a study of an earlier spectune has no resolved engine_args to compare
+        before = study.user_attrs.get("engine_args")
+        _require_same_measurements(name, {**stored, "engine_args": before},
+                                   {**current, "engine_args": resolved if before is not None else None})
     study.set_user_attr("spectune_config", current)
+    study.set_user_attr("engine_args", resolved)
     study.set_user_attr("objectives", [o.value for o in config.objectives])
     if "workload_features" not in study.user_attrs:
         study.set_user_attr("workload_features", compute_features(prompts).model_dump(mode="json"))
@@ -445,9 +451,10 @@ def run_study(
                        best=[t.number for t in study.best_trials] if _has_complete(study) else [])
 
 
-RESUME_KEYS = ("target", "workload", "engine", "repeats")
+RESUME_KEYS = ("target", "workload", "engine", "engine_args", "repeats")
 """What a resumed study must keep: trials measured otherwise are not comparable (the space, the
-number of trials, the sampler and the objectives may change)."""
+number of trials, the sampler and the objectives may change; ``engine_args`` is the resolved
+engine, with the space's ``engine:`` section)."""
 
 
 def _require_same_measurements(name: str, stored: dict[str, Any], current: dict[str, Any]) -> None:
@@ -463,7 +470,7 @@ def _require_same_measurements(name: str, stored: dict[str, Any], current: dict[
     if changed:
         shown = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:3])
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-        raise ConfigError(f"study {name!r} was measured with another {changed[0].split('.')[0]} ({shown}{more}); "
+        raise ConfigError(f"study {name!r} was measured with another {changed[0].split('.')[0].removesuffix('_args')} ({shown}{more}); "
                           "its trials would not compare: give a new --study name")
 
 

@@ -296,7 +296,7 @@ def measure(
                 if not _still_running(server):
                     raise _crashed(server)
                 raise EngineError(
-                    f"all {len(prompts)} requests failed; first: {results[0].records[0].error}",
+                    f"all {sum(map(len, windows))} requests failed; first: {results[0].records[0].error}",
                     log_tail=server.log_tail(), log_path=str(log_path),
                 )
             after = fetch_counters(server.base_url)
@@ -364,6 +364,9 @@ def plan_windows(prompts: Sequence[Prompt], workload: WorkloadSpec,
     others = [c for c in workload.levels if c != workload.concurrency] if workload.concurrency_levels else []
     if not others:
         return split_windows(prompts, repeats), {}
+    if len(prompts) < repeats + len(others):
+        raise ConfigError(f"workload: {len(prompts)} prompts cannot fill {repeats} window(s) and "
+                          f"{len(others)} other concurrency level(s); raise num_prompts")
     slices = split_windows(prompts, repeats + len(others))
     sweep = dict(zip(others, slices[repeats:], strict=True))
     short = [c for c, window in sweep.items() if len(window) < c]

@@ -102,6 +102,22 @@ def test_the_sweep_model_recovers_the_law_and_moves_predictions(sweep: tuple[Mea
     assert model.predict(p, 8).output_throughput.value == pytest.approx(ngram.levels[1].output_throughput)
 
 
+def test_a_proposer_measured_faster_than_its_tokens_explain_is_never_predicted_negative(
+        sweep: tuple[Measurement, Measurement, float]) -> None:
+    base, ngram, e = sweep
+    model = fit_concurrency(base, [ngram])
+    assert model is not None
+    t = 0.8 * t0(1) / e  # a speculative part of -0.2: noise, not a step cheaper than the target's
+    thr = base.output_throughput * t0(1) / t
+    p = Prediction(label="lucky", spec=ngram.spec, source="measured", acceptance_rate=0.5, mean_acceptance_length=e,
+                   tokens_per_step=Estimate(e, e, e), tpot_ms=Estimate(t, t, t), output_throughput=Estimate(thr, thr, thr),
+                   objective="output_throughput", value=Estimate(thr, thr, thr), cost_source="measured")
+    for b in (2, 8, 64, 256):
+        at = model.predict(p, b)
+        assert at.tpot_ms.value == pytest.approx(t0(b) / e)  # no speculative part left, never below zero
+        assert at.output_throughput.value > 0
+
+
 def test_a_study_measured_at_one_level_cannot_be_moved(sweep: tuple[Measurement, Measurement, float]) -> None:
     from spectune.predict import StudyInputs
 
@@ -123,6 +139,8 @@ def test_sweep_windows_are_disjoint_and_large_enough() -> None:
     assert plan_windows(prompts, WorkloadSpec(source="x.jsonl", concurrency=4), repeats=2)[1] == {}
     with pytest.raises(ConfigError, match="level 8 needs at least 8 prompts.*at least 24"):
         plan_windows(prompts, WorkloadSpec(source="x.jsonl", concurrency_levels=[1, 8]), repeats=2)
+    with pytest.raises(ConfigError, match="3 prompts cannot fill 2 window.*2 other concurrency level"):
+        plan_windows(prompts[:3], WorkloadSpec(source="x.jsonl", concurrency_levels=[1, 2, 3]), repeats=2)
 
 
 # -- real engines ---------------------------------------------------------------------------------

@@ -155,7 +155,8 @@ def test_cpu_binding_follows_vllms_choice_and_steps_aside_when_asked() -> None:
         assert binding is not None and binding.compute and max(binding.compute) < allowed[-1]
         assert binding.frontend | set(binding.compute) == set(allowed)
         assert binding.env == {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, binding.compute))}
-    for env in ({"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}):
+    for env in ({"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, {"VLLM_CPU_OMP_THREADS_BIND": "auto"},
+                {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}):
         assert cpu_binding(cpu, env={PIN_ENV: "1", **env}) is None, env
     assert cpu_binding(cpu, tensor_parallel_size=2, env={PIN_ENV: "1"}) is None
     assert cpu_binding(Platform(name="gpu", serve_command=("vllm", "serve")), env={PIN_ENV: "1"}) is None

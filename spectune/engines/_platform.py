@@ -98,7 +98,8 @@ def detect_platform() -> Platform:
 class CpuBinding:
     """Where a CPU engine's processes run: vLLM's compute threads on ``compute`` (passed as
     ``VLLM_CPU_OMP_THREADS_BIND``), its API server and engine core, and spectune's client, on
-    ``frontend`` (every other CPU this process may use)."""
+    ``frontend`` (every other CPU this process may use, the SMT siblings of the compute CPUs
+    included: "off the compute CPUs" means off those logical CPUs)."""
 
     compute: tuple[int, ...]
     frontend: frozenset[int]
@@ -126,16 +127,16 @@ def cpu_binding(platform: Platform, tensor_parallel_size: int | None = None,
     kept off them. Only where that choice is simple: this platform pins, one NUMA node, tensor
     parallel size 1, at least two physical cores, asked for (:data:`PIN_ENV` = 1, in the environment
     or the engine's ``env``), and the user does not place vLLM's threads (``VLLM_CPU_OMP_THREADS_BIND``
-    other than ``auto``, ``VLLM_CPU_NUM_OF_RESERVED_CPU``).
+    or ``VLLM_CPU_NUM_OF_RESERVED_CPU`` set at all).
     """
     env = {**os.environ, **(env or {})}
     if not platform.pin_frontend or env.get(PIN_ENV, "0") != "1" or (tensor_parallel_size or 1) != 1:
         return None
-    if env.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in env:
+    if "VLLM_CPU_OMP_THREADS_BIND" in env or "VLLM_CPU_NUM_OF_RESERVED_CPU" in env:
         return None
     if len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) > 1:
         return None
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed = sorted(_INITIAL_AFFINITY)  # not this thread's: another engine may have pinned it
     last_per_core: dict[tuple[str, str], int] = {}
     for cpu in allowed:
         last_per_core[_physical_core(cpu)] = cpu  # sorted: the last logical CPU of each core wins
@@ -144,3 +145,7 @@ def cpu_binding(platform: Platform, tensor_parallel_size: int | None = None,
         return None
     compute = tuple(selected[:-1])
     return CpuBinding(compute=compute, frontend=frozenset(set(allowed) - set(compute)))
+
+
+_INITIAL_AFFINITY = frozenset(os.sched_getaffinity(0))
+"""The CPUs this process could use when spectune was imported, before any engine pinned it."""

@@ -109,9 +109,14 @@ class _ClientPin:
             self._users -= 1
             if self._users > 0:
                 return
-            for tid, cpus in self._before.items():
-                with contextlib.suppress(OSError):
-                    os.sched_setaffinity(tid, cpus)
+            main = self._before.get(os.getpid())
+            # threads of this process only (a saved thread id may have gone and been reused
+            # elsewhere); a thread started while pinned gets the main thread's CPUs back
+            for tid in map(int, os.listdir("/proc/self/task")):
+                cpus = self._before.get(tid, main)
+                if cpus is not None:
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(tid, cpus)
             self._before = {}
 
 

@@ -158,10 +158,11 @@ class ConcurrencyModel:
         tok = prediction.tokens_per_step
         pairs = ((prediction.tpot_ms.value, tok.value), (prediction.tpot_ms.low, tok.high),
                  (prediction.tpot_ms.high, tok.low))
-        tpot = [tb * (1.0 + g * (t * e / t1 - 1.0)) / e for t, e in pairs]
+        # a speculative part below 0 (measured faster than its tokens per step explain) is noise
+        tpot = [tb * (1.0 + g * max(0.0, t * e / t1 - 1.0)) / e for t, e in pairs]
         thr_pairs = ((prediction.output_throughput.value, tok.value), (prediction.output_throughput.high, tok.high),
                      (prediction.output_throughput.low, tok.low))
-        thr = [thrb * e / (1.0 + g_thr * (thr1 * e / y - 1.0)) if y > 0 else 0.0 for y, e in thr_pairs]
+        thr = [thrb * e / (1.0 + g_thr * max(0.0, thr1 * e / y - 1.0)) if y > 0 else 0.0 for y, e in thr_pairs]
         return LevelPrediction(batch, Estimate(tpot[0], min(tpot), max(tpot)),
                                Estimate(thr[0], min(thr), max(thr)), source)
 
@@ -183,6 +184,16 @@ def _fit_rho(ratios: Sequence[tuple[float, float, float]]) -> float:
     return min(_RHO_GRID, key=err)
 
 
+def _level_tokens(e: float, head: LevelStats, level: LevelStats) -> float:
+    """Tokens per step at ``level``, from the headline's ``e`` and each level's own counters: the
+    accepted part scaled by the ratio of their mean acceptance lengths (a proposer that learns
+    from earlier answers, suffix decoding, accepts more at the later levels)."""
+    a, b = head.acceptance, level.acceptance
+    if a is None or b is None or a.mean_acceptance_length <= 1.0:
+        return e
+    return 1.0 + (e - 1.0) * (b.mean_acceptance_length - 1.0) / (a.mean_acceptance_length - 1.0)
+
+
 def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> ConcurrencyModel | None:
     """The concurrency model of a study, or None when its baseline did not sweep two levels.
 
@@ -191,7 +202,7 @@ def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> C
     ``thr0(b) E / thr(b) - 1``, which carries what the prefill's share does at each level).
     """
     levels = _baseline_levels(baseline)
-    if len(levels) < 2 or baseline.tpot_ms.median is None:
+    if len(levels) < 2 or baseline.tpot_ms.median is None or baseline.concurrency not in levels:
         return None
     step = fit_step_time([(b, t) for b, (t, _) in levels.items()])
     model = ConcurrencyModel(step, baseline.concurrency, baseline.tpot_ms.median, levels)
@@ -216,7 +227,7 @@ def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> C
             if x1 is None or x1 < MIN_SPECULATIVE_PART:
                 continue
             points = [(step.share(lv.concurrency), s1, x / x1) for lv in m.levels
-                      if lv.concurrency != b1 and (x := x_of(lv, e)) is not None]
+                      if lv.concurrency != b1 and (x := x_of(lv, _level_tokens(e, head, lv))) is not None]
             if points:
                 ratios.setdefault(m.spec.method, []).extend(points)
                 counts[m.spec.method] = counts.get(m.spec.method, 0) + 1
