@@ -263,3 +263,11 @@ def test_a_spaces_engine_section_reaches_every_trial_and_the_study_overrides_it(
         assert engine.max_num_seqs == 8  # from the space
         assert engine.max_model_len == 256  # the study's own value wins
         assert engine.model == config.target
+    # the space's engine section changed under the same study: its trials would not compare
+    from spectune.errors import ConfigError
+
+    space["engine"]["max_num_seqs"] = 16
+    space_file.write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError, match=r"another engine \(engine_args\.max_num_seqs 8 -> 16\)"):
+        run_study(config.model_copy(update={"trials": 4}), measure_fn=measure)
+    assert len(seen) == 3
