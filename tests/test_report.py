@@ -291,7 +291,7 @@ def test_dashboard_serves_the_annotated_study_and_a_browser_draws_it(study: Stud
         note = detail["note"]["body"]
         choice = study.best()
         assert "**Best configuration:**" in note and choice.row.label in note
-        assert f"(trial {choice.row.number}): {choice.reason}" in note and _speedup_text(study) in note
+        assert f"trial {choice.row.number}): {choice.reason}" in note and _speedup_text(study) in note
         assert "```yaml" in note and f"model: {study.study.user_attrs['spectune_config']['target']}" in note
         assert "speculative-config:" in note or choice.is_baseline
         graphs = {g["id"]: json.loads(g["graph_object"]) for g in detail["plotly_graph_objects"]}
@@ -313,7 +313,7 @@ def test_dashboard_serves_the_annotated_study_and_a_browser_draws_it(study: Stud
         note_dom = _browse(f"{page}/note", profile)
         (ARTIFACTS / "dashboard-note.html").write_text(note_dom)
         assert "<strong>Best configuration:</strong>" in note_dom, "the note was not drawn (see dashboard-note.html)"
-        assert f"(trial {choice.row.number}): {html.escape(choice.reason, quote=False)}" in note_dom
+        assert f"trial {choice.row.number}): {html.escape(choice.reason, quote=False)}" in note_dom
         assert html.escape(_speedup_text(study), quote=False) in note_dom
         assert "speculative-config" in note_dom or choice.is_baseline
         shot = ARTIFACTS / "dashboard-study.png"
