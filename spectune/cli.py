@@ -257,8 +257,8 @@ def predict(
         model = inputs.concurrency_model()
         measured = [p for m in inputs.measured if (p := measured_prediction(m, inputs.objective)) is not None]
         shown = [*measured, *predictions[:top]]  # the measured ones too: how would they do elsewhere?
-        scaled = inputs.at_concurrency(shown, levels)
-        assert model is not None  # at_concurrency has refused otherwise
+        scaled = inputs.at_concurrency(shown, levels, model)  # refuses a study without a sweep
+        assert model is not None
         Console().print(levels_table(shown, scaled, title=(
             f"at other concurrency: step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
             f"fitted on the baseline at {', '.join(map(str, model.step.levels))}")))

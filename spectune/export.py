@@ -66,8 +66,7 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     k = effective_k(m.spec)
     if profile is None or not profile.per_position or not t0 or not k:
         raise ConfigError(f"{m.spec.label()}: no acceptance counters or baseline TPOT to derive a batch schedule from")
-    measured = [other for r in view.complete() if not r.is_baseline and r.duplicate_of is None
-                and (other := view.store.measurement(r.trial_id)) is not None]
+    measured = view.speculative_measurements()
     points = [p for other in measured if (other.spec.method, other.spec.model) == (m.spec.method, m.spec.model)
               and (p := CostPoint.from_measurement(other)) is not None]
     cost = fit_cost(t0, points)

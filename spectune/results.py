@@ -78,6 +78,11 @@ class StudyView:
     def complete(self) -> list[TrialRow]:
         return [r for r in self.rows if r.state == "COMPLETE" and r.values is not None]
 
+    def speculative_measurements(self) -> list[Measurement]:
+        """The stored Measurements of the completed speculative trials (duplicates once)."""
+        rows = [r for r in self.complete() if not r.is_baseline and r.duplicate_of is None]
+        return [m for r in rows if (m := self.store.measurement(r.trial_id)) is not None]
+
     def baseline(self) -> TrialRow | None:
         rows = [r for r in self.complete() if r.is_baseline and r.duplicate_of is None]
         return rows[0] if rows else None
@@ -146,13 +151,7 @@ class StudyView:
         baseline = self.store.measurement(base_row.trial_id)
         if baseline is None:
             raise ConfigError(f"study {self.name}: the baseline trial {base_row.number} has no stored measurement")
-        measured: list[Measurement] = []
-        for r in self.complete():
-            if r.is_baseline or r.duplicate_of is not None:
-                continue
-            m = self.store.measurement(r.trial_id)
-            if m is not None:
-                measured.append(m)
+        measured = self.speculative_measurements()
         candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
         raw = self.study.user_attrs.get("workload_features")
         features = WorkloadFeatures.model_validate(raw).flat() if raw else {}

@@ -141,7 +141,7 @@ class StudyConfig(StrictModel):
     def engine_args(self, space: SearchSpace | None = None) -> EngineArgs:
         """The engine arguments of every trial: the space's fixed ones (its ``engine:``
         section), then the study's ``engine`` on top (the study's values win), with the target."""
-        shared = space.engine.model_dump(exclude_unset=True, exclude={"model"}) if space is not None else {}
+        shared = space.engine_args(self.target).model_dump(exclude_unset=True) if space is not None else {}
         env = {**shared.get("env", {}), **self.engine.get("env", {})}  # key by key
         return validate(EngineArgs, {**shared, **self.engine, **({"env": env} if env else {}), "model": self.target},
                         "engine")

@@ -108,17 +108,12 @@ class LevelStats(BaseModel):
     acceptance: AcceptanceStats | None
 
     @classmethod
-    def of(cls, concurrency: int, results: Sequence[LoadResult], acceptance: AcceptanceStats | None) -> LevelStats:
-        ok = [r for res in results for r in res.succeeded]
-        n = sum(len(res.records) for res in results)
-        d = sum(res.duration for res in results)
-        return cls(
-            concurrency=concurrency, num_requests=n, num_failed=n - len(ok), duration_seconds=d,
-            output_throughput=statistics.median(WindowStats.of(res).output_throughput for res in results),
-            tpot_median_ms=LatencyStats.of([t for r in ok if (t := r.tpot) is not None]).median,
-            ttft_median_ms=LatencyStats.of([r.ttft for r in ok if r.ttft is not None]).median,
-            acceptance=acceptance,
-        )
+    def of(cls, concurrency: int, result: LoadResult, acceptance: AcceptanceStats | None) -> LevelStats:
+        w = WindowStats.of(result)
+        n = len(result.records)
+        return cls(concurrency=concurrency, num_requests=n, num_failed=n - len(result.succeeded),
+                   duration_seconds=w.duration_seconds, output_throughput=w.output_throughput,
+                   tpot_median_ms=w.tpot_median_ms, ttft_median_ms=w.ttft_median_ms, acceptance=acceptance)
 
 
 class RequestSample(BaseModel):
@@ -308,7 +303,7 @@ def measure(
                                progress=lambda d, t, done=done: hook("measure", done + d, total),
                                timeout=window_timeout)
                 acc = (fetch_counters(server.base_url) - level_before).acceptance()
-                levels.append(LevelStats.of(level, [res], AcceptanceStats(**vars(acc)) if acc else None))
+                levels.append(LevelStats.of(level, res, AcceptanceStats(**vars(acc)) if acc else None))
                 done += len(level_prompts)
         except TimeoutError as e:
             raise EngineTimeoutError(

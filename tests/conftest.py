@@ -210,3 +210,26 @@ def grid_study(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.T
     events: list = []
     result = run_study(cfg, progress=events.append)
     return GridStudy(config=cfg, result=result, events=events)
+
+
+@pytest.fixture(scope="session")
+def swept_study(tiny_models, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A real study of the baseline and n-gram k=3 (float32, temperature 0), each engine measuring
+    concurrency 1 and 4: the sweep tests, and the replay tests on its headline windows."""
+    from spectune.study import run_study
+
+    tmp = tmp_path_factory.mktemp("sweep")
+    prompts = tmp / "prompts.jsonl"
+    with prompts.open("w") as f:
+        for i in range(16):
+            name = f"f{i}"
+            body = "\n".join(f"    {name}_{j} = {name}_{j - 1} * {i + 2}" for j in range(1, 5))
+            f.write(json.dumps({"id": name, "prompt": f"def {name}(x):\n    {name}_0 = x\n{body}\n\n"
+                                                      f"def {name}_b(x):\n    {name}_0 = x\n"}) + "\n")
+    space = ("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: 3\n"
+             "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
+    cfg = study_config(tmp, tiny_models.target, prompts, space, "sweep", trials=2,
+                       workload={"source": str(prompts), "concurrency_levels": [1, 4], "num_prompts": 16,
+                                 "sampling": {"max_tokens": 48, "temperature": 0.0}})
+    run_study(cfg)
+    return cfg, tmp

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_engine_args
 from spectune.config import EngineArgs, Method, SpecConfig
 from spectune.counters import SpecCounters
 from spectune.predict import (
@@ -320,25 +319,16 @@ K = 3
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Measurement]:
-    """Two real engines at temperature 0, float32, on the same prompts: the baseline and n-gram k=3."""
-    from spectune.trial import measure
-    from spectune.workloads import load_prompts
+def runs(swept_study) -> dict[str, Measurement]:  # noqa: ANN001
+    """Two real engines at temperature 0, float32, on the same prompts: the baseline and n-gram k=3
+    (the headline windows of the shared sweep study)."""
+    from spectune.results import open_study
 
-    out_dir = tmp_path_factory.mktemp("predict-runs")
-    workload = WorkloadSpec.model_validate({
-        "source": str(repetitive_prompts), "concurrency": 2, "warmup_requests": 1,
-        "sampling": {"temperature": 0.0, "max_tokens": 48}})
-    prompts = load_prompts(workload)
-    engine = tiny_engine_args(tiny_models.target)
-    out = {
-        "baseline": measure(engine, SpecConfig(), workload, prompts, log_dir=out_dir),
-        "ngram": measure(engine, SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1,
-                                            prompt_lookup_max=3), workload, prompts, log_dir=out_dir),
-    }
-    for name, m in out.items():  # kept for a look after a failure
-        (out_dir / f"{name}.json").write_text(m.model_dump_json())
-    return out
+    cfg, _ = swept_study
+    view = open_study(cfg.storage, "sweep")
+    base, ngram = (view.store.measurement(r.trial_id) for r in view.complete())
+    assert base is not None and ngram is not None and ngram.spec.num_speculative_tokens == K
+    return {"baseline": base, "ngram": ngram}
 
 
 @pytest.mark.engine

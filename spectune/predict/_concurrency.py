@@ -109,10 +109,9 @@ class ConcurrencyModel:
 
     step: StepTime
     study_concurrency: int
-    baseline_tpot: float
-    """The baseline's headline median TPOT (at ``study_concurrency``): what predictions there rest on."""
     baseline_levels: dict[int, tuple[float, float]]
-    """Measured ``level -> (median TPOT ms, output tokens/s)`` of the baseline."""
+    """Measured ``level -> (median TPOT ms, output tokens/s)`` of the baseline, the study's
+    concurrency (its headline, what predictions there rest on) included."""
     rho: dict[Method, tuple[float, int]] = field(default_factory=dict)
     """``method -> (rho, trials it rests on)``, fitted on TPOT."""
     rho_throughput: dict[Method, tuple[float, int]] = field(default_factory=dict)
@@ -153,7 +152,7 @@ class ConcurrencyModel:
         """
         g, source = self.scale(prediction.spec.method, batch)
         g_thr, _ = self.scale(prediction.spec.method, batch, "throughput")
-        t1, thr1 = self.baseline_tpot, self.baseline_levels.get(self.study_concurrency, (0.0, 0.0))[1]
+        t1, thr1 = self.baseline_levels[self.study_concurrency]
         tb, thrb = self.t0(batch), self.baseline_throughput(batch)
         tok = prediction.tokens_per_step
         pairs = ((prediction.tpot_ms.value, tok.value), (prediction.tpot_ms.low, tok.high),
@@ -202,10 +201,10 @@ def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> C
     ``thr0(b) E / thr(b) - 1``, which carries what the prefill's share does at each level).
     """
     levels = _baseline_levels(baseline)
-    if len(levels) < 2 or baseline.tpot_ms.median is None or baseline.concurrency not in levels:
+    if len(levels) < 2 or baseline.concurrency not in levels:
         return None
     step = fit_step_time([(b, t) for b, (t, _) in levels.items()])
-    model = ConcurrencyModel(step, baseline.concurrency, baseline.tpot_ms.median, levels)
+    model = ConcurrencyModel(step, baseline.concurrency, levels)
     b1, s1 = baseline.concurrency, step.share(baseline.concurrency)
 
     def x_tpot(lv: LevelStats, e: float) -> float | None:
@@ -215,14 +214,13 @@ def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> C
         return model.baseline_throughput(lv.concurrency) * e / lv.output_throughput - 1.0 \
             if lv.output_throughput > 0 else None
 
+    swept = [(m, profile.tokens_per_step, head) for m in measured
+             if len(m.levels) >= 2 and (profile := measured_profile(m)) is not None
+             and (head := m.at_concurrency(b1)) is not None]
     for kind, x_of in (("tpot", x_tpot), ("throughput", x_throughput)):
         ratios: dict[Method, list[tuple[float, float, float]]] = {}
         counts: dict[Method, int] = {}
-        for m in measured:
-            profile, head = measured_profile(m), m.at_concurrency(b1)
-            if profile is None or head is None or len(m.levels) < 2:
-                continue
-            e = profile.tokens_per_step
+        for m, e, head in swept:
             x1 = x_of(head, e)
             if x1 is None or x1 < MIN_SPECULATIVE_PART:
                 continue

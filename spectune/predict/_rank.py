@@ -310,15 +310,15 @@ class StudyInputs:
         (``workload.concurrency_levels``, :mod:`spectune.predict._concurrency`)."""
         return fit_concurrency(self.baseline, self.measured)
 
-    def at_concurrency(self, predictions: Sequence[Prediction],
-                       levels: Sequence[int]) -> list[list[LevelPrediction]]:
-        """Each of ``predictions`` moved to each of ``levels``.
+    def at_concurrency(self, predictions: Sequence[Prediction], levels: Sequence[int],
+                       model: ConcurrencyModel | None = None) -> list[list[LevelPrediction]]:
+        """Each of ``predictions`` moved to each of ``levels`` (by ``model``, default: fitted here).
 
         Raises:
             ConfigError: the study measured one concurrency level only (nothing to scale by), or
                 a level below 1.
         """
-        model = self.concurrency_model()
+        model = model or self.concurrency_model()
         if model is None:
             raise ConfigError(
                 f"the baseline was measured at concurrency {self.baseline.concurrency} only: predictions at "
