@@ -157,13 +157,19 @@ class ConcurrencyModel:
         tok = prediction.tokens_per_step
         pairs = ((prediction.tpot_ms.value, tok.value), (prediction.tpot_ms.low, tok.high),
                  (prediction.tpot_ms.high, tok.low))
-        # a speculative part below 0 (measured faster than its tokens per step explain) is noise
-        tpot = [tb * (1.0 + g * max(0.0, t * e / t1 - 1.0)) / e for t, e in pairs]
+        tpot = [tb * (1.0 + _moved(t * e / t1 - 1.0, g)) / e for t, e in pairs]
         thr_pairs = ((prediction.output_throughput.value, tok.value), (prediction.output_throughput.high, tok.high),
                      (prediction.output_throughput.low, tok.low))
-        thr = [thrb * e / (1.0 + g_thr * max(0.0, thr1 * e / y - 1.0)) if y > 0 else 0.0 for y, e in thr_pairs]
+        thr = [thrb * e / (1.0 + _moved(thr1 * e / y - 1.0, g_thr)) if y > 0 else 0.0 for y, e in thr_pairs]
         return LevelPrediction(batch, Estimate(tpot[0], min(tpot), max(tpot)),
                                Estimate(thr[0], min(thr), max(thr)), source)
+
+
+def _moved(x: float, g: float) -> float:
+    """The speculative part ``x`` at another level: ``x g``. A part below 0 (a candidate measured
+    faster than its tokens per step explain) is noise: it stays as it is rather than grow with
+    the batch, so that ``1 + x`` stays positive at every level."""
+    return x * g if x > 0 else x
 
 
 def _baseline_levels(baseline: Measurement) -> dict[int, tuple[float, float]]:
