@@ -101,7 +101,7 @@ class StudyProgress:
         best = self._best
         if e.kind == "trial_start":
             if self.enabled:
-                self.progress.update(self._study_task, completed=e.number - 1,
+                self.progress.update(self._study_task, completed=e.number - 1, total=e.total,
                                      description=f"trial {e.number} of {e.total}  {best}")
                 self.progress.update(self._trial_task, description=f"  {escape(e.label)}: starting engine",
                                      completed=0, total=None)
@@ -152,6 +152,8 @@ def render_study(view: object, console: Console | None = None) -> None:
         note = r.fail_reason or ("" if r.feasible else "breaks SLO")
         if r.duplicate_of is not None:
             note = f"same as #{r.duplicate_of}"
+        elif r.confirms is not None:
+            note = f"again on a fresh engine, as #{r.confirms}" + (f": {note}" if note else "")
         t.add_row(str(r.number), r.state, escape(r.label), *vals,
                   _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
                   _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(note))

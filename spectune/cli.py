@@ -133,6 +133,7 @@ def optimize(
     study: Annotated[Optional[str], typer.Option(help="Study name (default: from target and workload).")] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
     sampler: Annotated[Optional[str], typer.Option(help="guided (default: measure what the models predict best or know least, stop when the rest is clearly worse), tpe, random or grid.")] = None,
+    confirm: Annotated[Optional[int], typer.Option(min=0, help="After the search, measure the baseline and this many best configurations again on fresh engines; choose on the means.")] = None,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune._progress import StudyProgress
@@ -141,7 +142,7 @@ def optimize(
     cfg = load_study_config(config, {
         "target": target, "draft": draft, "space": space, "workload": workload,
         "objectives": objective or None, "trials": trials, "storage": storage,
-        "study_name": study, "seed": seed, "sampler": sampler,
+        "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm,
     })
     console = _err_console()
     with StudyProgress(console, cfg.trials) as progress:

@@ -113,7 +113,8 @@ def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None =
     header = [
         f"vllm serve --config {path.name}   (written by spectune)",
         f"study {view.name!r}, trial {row.number}: {row.label}",
-        f"{objective} = {row.values[0]:.4g}" + (f", {row.speedup:.3f}x the baseline" if row.speedup else ""),
+        f"{objective} = {choice.value:.4g}" + (f", {choice.speedup:.3f}x the baseline" if choice.speedup else "")
+        + (f" (mean of {len(choice.engines)} engines)" if len(choice.engines) > 1 else ""),
         f"decision: {choice.reason}",
         f"workload {m.workload.source}: {m.num_requests} requests, max_tokens {m.workload.sampling.max_tokens}, "
         f"temperature {m.workload.sampling.temperature}, concurrency {m.concurrency}",
@@ -131,7 +132,8 @@ def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None =
         "decision": choice.reason,
         "noise_band": choice.noise_band,
         "objectives": dict(zip(view.objectives, row.values or [], strict=False)),
-        "speedup": row.speedup,
+        "speedup": choice.speedup,
+        "engines": {"value": choice.value, "each": choice.engines, "baseline_each": choice.baseline_engines},
         "baseline": {"trial": choice.baseline.number,
                      "objectives": dict(zip(view.objectives, choice.baseline.values or [], strict=False))},
         "acceptance": m.acceptance.model_dump() if m.acceptance else None,

@@ -310,8 +310,11 @@ def _note(view: StudyView) -> str:
     lines += [f"**Best configuration:** {_best_line(choice)}", ""]
     values = ", ".join(f"{o} = {_fmt(v)}" for o, v in zip(view.objectives, choice.row.values or [], strict=False))
     base = ", ".join(f"{o} = {_fmt(v)}" for o, v in zip(view.objectives, choice.baseline.values or [], strict=False))
-    lines += [f"- measured: {values}", f"- baseline (trial {choice.baseline.number}): {base}",
-              f"- noise band: +-{choice.noise_band:.1%}", ""]
+    lines += [f"- measured: {values}", f"- baseline (trial {choice.baseline.number}): {base}"]
+    if len(choice.engines) > 1 or len(choice.baseline_engines) > 1:
+        lines.append(f"- {view.objectives[0]} on each engine: {', '.join(_fmt(v) for v in choice.engines)} "
+                     f"(baseline: {', '.join(_fmt(v) for v in choice.baseline_engines)})")
+    lines += [f"- noise band: +-{choice.noise_band:.1%}", ""]
     text = best_config_yaml(view, choice)
     if text is not None:
         lines += ["`vllm serve --config best.yaml` with this `best.yaml` "
@@ -549,6 +552,8 @@ class _Context:
 def _trial_note(r: TrialRow) -> str:
     if r.duplicate_of is not None:
         return f"same candidate as #{r.duplicate_of}"
+    if r.confirms is not None:
+        return f"measured again on a fresh engine (as #{r.confirms})" + (f": {r.fail_reason}" if r.fail_reason else "")
     if r.fail_reason:
         return r.fail_reason
     return "" if r.feasible else "breaks the SLO"

@@ -5,8 +5,10 @@ Export, ``show`` and reports read from storage through here, never from an engin
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from spectune.predict import Prediction, StudyInputs, TrainingTrial
     from spectune.trial import Measurement
 
-__all__ = ["Choice", "StudyView", "TrialRow", "measured_trials", "open_study"]
+__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "measured_trials", "open_study"]
 
 NOISE_FLOOR = 0.02
 """Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
@@ -43,10 +45,42 @@ class TrialRow:
     fail_reason: str | None
     predicted: float | None = None
     """The first objective as predicted before the trial ran (guided search), if it was."""
+    confirms: int | None = None
+    """The trial whose configuration this one measured again on a fresh engine (``confirm``)."""
 
     @property
     def is_baseline(self) -> bool:
         return self.spec.get("method", "none") == "none"
+
+    @property
+    def config_key(self) -> str:
+        """Equal for the trials of one configuration (a confirmation and the trial it confirms)."""
+        return json.dumps(self.spec or {"method": "none"}, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Engines:
+    """One configuration as measured on every engine that ran it: its first trial (``row``) and
+    the first objective of each (more than one after ``confirm``)."""
+
+    row: TrialRow
+    values: list[float]
+    noise: float
+    """Relative noise: the windows' (mean over engines, :data:`NOISE_FLOOR` when unknown), or
+    the spread between engines (standard deviation over mean) when that is larger."""
+    feasible: bool
+
+    @property
+    def value(self) -> float:
+        return statistics.fmean(self.values)
+
+    @classmethod
+    def of(cls, rows: list[TrialRow]) -> Engines:
+        values = [(r.values or [math.nan])[0] for r in rows]
+        window = statistics.fmean(r.noise if r.noise is not None else NOISE_FLOOR for r in rows)
+        mean = statistics.fmean(values)
+        spread = statistics.stdev(values) / abs(mean) if len(values) > 1 and mean else 0.0
+        return cls(rows[0], values, max(window, spread), all(r.feasible for r in rows))
 
 
 @dataclass(frozen=True)
@@ -58,6 +92,13 @@ class Choice:
     is_baseline: bool
     reason: str
     noise_band: float
+    value: float = math.nan
+    """The first objective the decision rests on: the mean over the configuration's engines."""
+    speedup: float | None = None
+    """``value`` against the baseline's mean (> 1 is better, as :func:`spectune.study.speedup`)."""
+    engines: list[float] = field(default_factory=list)
+    """The first objective on each engine that measured the chosen configuration."""
+    baseline_engines: list[float] = field(default_factory=list)
 
 
 class StudyView:
@@ -94,33 +135,54 @@ class StudyView:
         rest = [r for r in self.rows if r not in done]
         return done + rest
 
+    def engines(self) -> list[Engines]:
+        """Every completed configuration with its measurements on each engine, in trial order
+        (a suggestion answered from an earlier trial is not a measurement)."""
+        groups: dict[str, list[TrialRow]] = {}
+        for r in sorted(self.complete(), key=lambda r: r.number):
+            if r.duplicate_of is None:
+                groups.setdefault(r.config_key, []).append(r)
+        return [Engines.of(rows) for rows in groups.values()]
+
     def best(self) -> Choice:
         """The best feasible configuration, or the baseline when nothing beats it beyond noise.
 
         One objective: the best value. Two: among the feasible Pareto front, the best first
-        objective (the front itself is in the Optuna dashboard and the report).
+        objective (the front itself is in the Optuna dashboard and the report). A configuration
+        measured on several engines (``confirm``) counts with its mean, its noise with the
+        spread between the engines; once a study has confirmations, the choice is among the
+        confirmed configurations.
         """
-        base = self.baseline()
+        configs = self.engines()
+        base = next((c for c in configs if c.row.is_baseline), None)
         if base is None:
             raise ConfigError(f"study {self.name} has no completed baseline trial to compare with")
-        candidates = [r for r in self.complete() if r.feasible and r.duplicate_of is None]
+        candidates = [c for c in configs if c.feasible]
         if len(self.directions) > 1:
             front = {t.number for t in self.study.best_trials}
-            candidates = [r for r in candidates if r.number in front or r.is_baseline]
+            candidates = [c for c in candidates if c.row.number in front or c.row.is_baseline]
+        if any(r.confirms is not None for r in self.rows):
+            candidates = [c for c in candidates if len(c.values) > 1] or candidates
         sign = 1.0 if self.directions[0] == "maximize" else -1.0
-        best = max(candidates, key=lambda r: sign * (r.values or [0.0])[0]) if candidates else base
-        band = (best.noise if best.noise is not None else NOISE_FLOOR) + (
-            base.noise if base.noise is not None else NOISE_FLOOR)
-        if best.is_baseline:
-            return Choice(best, base, True, "no speculative configuration measured better than the baseline", band)
+        best = max(candidates, key=lambda c: sign * c.value) if candidates else base
+        band = best.noise + base.noise
+        num, den = (best.value, base.value) if sign > 0 else (base.value, best.value)
+        gain = num / den if den > 0 else None  # as spectune.study.speedup
+        engines = "" if len(best.values) < 2 else f", mean of {len(best.values)} engines"
+
+        def choice(c: Engines, is_baseline: bool, reason: str) -> Choice:
+            return Choice(c.row, base.row, is_baseline, reason, band, c.value,
+                          1.0 if c is base else gain, c.values, base.values)
+
+        if best is base:
+            return choice(base, True, "no speculative configuration measured better than the baseline")
         if not base.feasible and best.feasible:
-            return Choice(best, base, False, "the baseline breaks the SLO; this configuration meets it", band)
-        if best.speedup is None or best.speedup - 1.0 <= band:
-            sp = f"{best.speedup:.3f}x" if best.speedup is not None else "unknown"
-            return Choice(base, base, True,
-                          f"the best speculative configuration ({best.label}, {sp}) is within the noise band "
-                          f"(+-{band:.1%}) of the baseline", band)
-        return Choice(best, base, False, f"{best.speedup:.2f}x the baseline (noise band +-{band:.1%})", band)
+            return choice(best, False, "the baseline breaks the SLO; this configuration meets it")
+        if gain is None or gain - 1.0 <= band:
+            sp = f"{gain:.3f}x" if gain is not None else "unknown"
+            return choice(base, True, f"the best speculative configuration ({best.row.label}, {sp}{engines}) is "
+                                      f"within the noise band (+-{band:.1%}) of the baseline")
+        return choice(best, False, f"{gain:.2f}x the baseline{engines} (noise band +-{band:.1%})")
 
     def prediction_inputs(self) -> StudyInputs:
         """The unmeasured candidates of the study's space, its baseline and its measured trials.
@@ -184,6 +246,7 @@ def _row(t: optuna.trial.FrozenTrial, objective: str) -> TrialRow:
         feasible=bool(attrs.get("feasible", True)), duplicate_of=attrs.get("duplicate_of"),
         fail_reason=attrs.get("fail_reason"),
         predicted=predicted if isinstance(predicted, int | float) else None,
+        confirms=attrs.get("confirms"),
     )
 
 

@@ -125,6 +125,12 @@ class StudyConfig(StrictModel):
         "grid: every candidate once, in order.",
     )
     repeats: int = Field(default=2, ge=1, description="Disjoint windows of the prompts per trial, on one engine (noise = their MAD).")
+    confirm: int = Field(
+        default=0, ge=0,
+        description="After the search, measure the baseline and the N best configurations again, each on a "
+        "fresh engine: the choice then rests on each one's mean over its engines, and its noise band on "
+        "the spread between them (engine starts differ more than windows on one engine).",
+    )
     startup_timeout: float = Field(default=600.0, gt=0)
     window_timeout: float | None = Field(default=1800.0, gt=0)
     log_dir: Path = Path("storage/logs")
@@ -327,7 +333,7 @@ def run_study(
         # by Optuna's heartbeat after its worker died (no fail_reason), is retried instead.
         # A candidate suggested again is answered from the earlier trial and does not count.
         return [t for t in study.get_trials(deepcopy=False)
-                if "duplicate_of" not in t.user_attrs
+                if "duplicate_of" not in t.user_attrs and "confirms" not in t.user_attrs
                 and (t.state == optuna.trial.TrialState.COMPLETE
                      or (t.state == optuna.trial.TrialState.FAIL
                          and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED)))]
@@ -342,7 +348,8 @@ def run_study(
     retried = {t.user_attrs.get("retry_of") for t in trials}
     for t in trials:
         if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried:
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+            again = {k: t.user_attrs[k] for k in ("confirms",) if k in t.user_attrs}
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, **again})
     if config.sampler == "grid":
         seen = {_params_key(t) for t in trials}
         for spec in space.enumerate():
@@ -371,15 +378,19 @@ def run_study(
                 best = (t.user_attrs.get("config"), s)
         return best
 
+    confirming: list[tuple[int, int]] = []  # number and total of the confirmation running (set by its loop)
+
     def objective(trial: optuna.Trial) -> list[float] | float:
         spec = space.suggest(trial)
         key = spec_key(spec.to_vllm())
-        number = len(finished()) + 1
+        confirms = trial.user_attrs.get("confirms")
+        number, of = confirming[0] if confirms is not None and confirming else (len(finished()) + 1, total)
         trial.set_user_attr("config", spec.label())
         trial.set_user_attr("spec", spec.to_vllm() or {"method": "none"})
         trial.set_user_attr("spec_key", key)
-        hook(StudyEvent("trial_start", number, total, spec.label()))
-        previous = _finished_with_key(study, key, exclude=trial.number)
+        label = spec.label() if confirms is None else f"{spec.label()} (again, as #{confirms})"
+        hook(StudyEvent("trial_start", number, of, label))
+        previous = None if confirms is not None else _finished_with_key(study, key, exclude=trial.number)
         if previous is not None:  # measured before in this study: reuse, start no engine
             for k, v in previous.user_attrs.items():
                 if k not in {"role", "retry_of"}:
@@ -391,9 +402,9 @@ def run_study(
             if previous.state == optuna.trial.TrialState.FAIL:
                 reason = f"same candidate as trial {previous.number}: {previous.user_attrs['fail_reason']}"
                 trial.set_user_attr("fail_reason", reason)
-                _finish_event(hook, number, total, spec, "FAIL", None, reason, best_so_far())
+                _finish_event(hook, number, of, spec, "FAIL", None, reason, best_so_far())
                 raise EngineError(reason)
-            _finish_event(hook, number, total, spec, "REUSED", previous.values, None, best_so_far())
+            _finish_event(hook, number, of, spec, "REUSED", previous.values, None, best_so_far())
             return previous.values if len(previous.values) > 1 else previous.values[0]
         phase_hook = trial_progress(spec.label()) if trial_progress else None
         try:
@@ -406,7 +417,7 @@ def run_study(
             trial.set_user_attr("fail_reason", str(e))
             store.record(study_name=name, trial_id=trial._trial_id, trial_number=trial.number,
                          spec_key=key, error=str(e))
-            _finish_event(hook, number, total, spec, "FAIL", None, str(e), best_so_far())
+            _finish_event(hook, number, of, spec, "FAIL", None, str(e), best_so_far())
             raise
         except KeyboardInterrupt:
             trial.set_user_attr("fail_reason", INTERRUPTED)
@@ -427,9 +438,9 @@ def run_study(
             trial.set_user_attr(k, v)
         store.record(study_name=name, trial_id=trial._trial_id, trial_number=trial.number,
                      spec_key=key, measurement=m)
-        if spec.is_baseline:  # the target's own outputs: repetition features for the models
+        if spec.is_baseline and confirms is None:  # the target's own outputs: repetition features
             study.set_user_attr("workload_features", _features_with_outputs(prompts, m).model_dump(mode="json"))
-        _finish_event(hook, number, total, spec, "COMPLETE", values, None, best_so_far())
+        _finish_event(hook, number, of, spec, "COMPLETE", values, None, best_so_far())
         return values if len(values) > 1 else values[0]
 
     candidates = _count_candidates(space)
@@ -446,6 +457,12 @@ def run_study(
             break
         study.optimize(objective, n_trials=1, catch=(EngineError,))
         attempts += 1
+    if config.confirm:
+        waiting = _enqueue_confirmations(study, store, url, config.confirm)
+        searched = len(finished())
+        for i in range(waiting):
+            confirming[:] = [(searched + i + 1, searched + waiting)]
+            study.optimize(objective, n_trials=1, catch=(EngineError,))
     _annotate(study, store, url)
     return StudyResult(study_name=name, storage=url, **counts,
                        best=[t.number for t in study.best_trials] if _has_complete(study) else [])
@@ -529,6 +546,31 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
         "prediction_source": p.source, "guide_reason": plan.reason, "guide_step": step,
     })
     return True
+
+
+def _enqueue_confirmations(study: optuna.Study, store: MeasurementStore, url: str, n: int) -> int:
+    """Enqueue a fresh-engine measurement of the baseline and of the ``n`` best feasible
+    configurations by the first objective, each measured on one engine only so far (a resumed
+    study does not confirm twice; more searching, or a larger ``n``, confirms the new best).
+    Returns how many trials are waiting."""
+    import optuna
+
+    from spectune.results import StudyView
+
+    view = StudyView(study, store, url)
+    configs = view.engines()
+    sign = 1.0 if view.directions[0] == "maximize" else -1.0
+    # ranked by their first engine, as the search saw them: a resumed study confirms the same ones
+    ranked = sorted((c for c in configs if c.feasible and not c.row.is_baseline), key=lambda c: -sign * c.values[0])
+    chosen = [c for c in configs if c.row.is_baseline] + ranked[:n]
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    queued = {t.user_attrs.get("confirms") for t in trials.values() if t.state in (
+        optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)}
+    for c in chosen:
+        if len(c.values) == 1 and c.row.number not in queued:
+            study.enqueue_trial(trials[c.row.number].params, user_attrs={"confirms": c.row.number})
+    return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+               if "confirms" in t.user_attrs)
 
 
 def _features_with_outputs(prompts: Sequence[Prompt], m: Measurement) -> WorkloadFeatures:

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from spectune.config import Method, SpecConfig
+from spectune._progress import render_study
 from spectune.landscape import Landscape
 from spectune.predict import (
     AcceptanceProfile,
@@ -47,16 +49,16 @@ def _pred(label: str, value: float, low: float, high: float) -> Prediction:
                       value=e, cost_source="fit")
 
 
-def test_plan_skips_the_clearly_worse_and_alternates_uncertain_and_promising() -> None:
+def test_plan_skips_the_clearly_worse_and_alternates_promising_and_uncertain() -> None:
     ranking = [_pred("k1", 120, 115, 125), _pred("k2", 110, 60, 160), _pred("k3", 95, 90, 101.5)]
     first = plan_next(ranking, best=100.0, step=0)
-    assert first.pick is not None and first.pick.label == "k2" and first.reason == "uncertain"
+    assert first.pick is not None and first.pick.label == "k1" and first.reason == "promising"
     assert [p.label for p in first.skipped] == ["k3"]  # 101.5 does not beat 100 by 2%
     second = plan_next(ranking, best=100.0, step=1)
-    assert second.pick is not None and second.pick.label == "k1" and second.reason == "promising"
+    assert second.pick is not None and second.pick.label == "k2" and second.reason == "uncertain"
     # once the best measured is 125, nothing but the wide one could beat it
     third = plan_next(ranking, best=125.0, step=2)
-    assert third.pick is not None and third.pick.label == "k2"
+    assert third.pick is not None and third.pick.label == "k2" and third.reason == "promising"
     assert plan_next(ranking, best=160.0, step=3).pick is None
     assert not plan_next([], best=1.0)
 
@@ -70,7 +72,7 @@ def test_plan_minimising_uses_the_low_end() -> None:
 
 def test_plan_takes_the_promising_one_when_nothing_is_uncertain() -> None:
     ranking = [_pred("k1", 120, 119.9, 120.1), _pred("k2", 110, 109.9, 110.1)]
-    plan = plan_next(ranking, best=100.0, step=0)
+    plan = plan_next(ranking, best=100.0, step=1)
     assert plan.pick is not None and plan.pick.label == "k1" and plan.reason == "promising"
 
 
@@ -179,6 +181,60 @@ def test_a_sampler_suggesting_a_measured_candidate_reuses_it(landscape: Landscap
         assert first.user_attrs["spec_key"] == t.user_attrs["spec_key"] and "duplicate_of" not in first.user_attrs
         assert t.values == first.values and t.user_attrs["config"] == first.user_attrs["config"]
     assert len({t.user_attrs["spec_key"] for t in trials}) == len(spent)  # no candidate measured twice
+
+
+def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, float]]):  # noqa: ANN202
+    """The landscape's measurer, but a speculative candidate's second engine runs ``factor`` as fast."""
+    from spectune.trial import Measurement
+
+    inner = landscape.measurer(spent)
+    seen: set[str] = set()
+
+    def measure(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+        m = inner(engine, spec, *args, **kwargs)
+        again = spec.label() in seen and not spec.is_baseline
+        seen.add(spec.label())
+        if not again:
+            return m
+        windows = [w.model_copy(update={"output_throughput": w.output_throughput * factor}) for w in m.windows]
+        return m.model_copy(update={"output_throughput": m.output_throughput * factor, "windows": windows})
+
+    return measure
+
+
+@pytest.mark.parametrize("factor", [0.9, 0.3])
+def test_confirmed_configurations_are_chosen_on_their_mean(landscape: Landscape, tmp_path: Path, factor: float) -> None:
+    values = _values(landscape)
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'c.db'}", study_name="confirm", sampler="guided",
+                              trials=len(landscape.points), confirm=1, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=_second_engine(landscape, factor, spent))
+    measured = [label for label, _ in spent]
+    searched = measured[: len(set(measured))]
+    top = max((lb for lb in searched if lb != "none"), key=values.__getitem__)
+    assert measured[len(searched):] == ["none", top]  # the baseline and the best, once more each
+    view = open_study(config.storage, "confirm")
+    choice = view.best()
+    first, second = values[top], values[top] * factor
+    base = values["none"]
+    if factor == 0.9:  # a little slower on its second engine: still the choice, on its mean
+        assert not choice.is_baseline and choice.row.label == top
+        assert choice.engines == pytest.approx([first, second])
+        assert choice.value == pytest.approx((first + second) / 2)
+        assert choice.speedup == pytest.approx((first + second) / 2 / base)
+        assert "mean of 2 engines" in choice.reason
+    else:  # far slower: the spread between its engines swallows the gain
+        assert choice.is_baseline and top in choice.reason and "mean of 2 engines" in choice.reason
+        assert choice.noise_band > abs(first - second) / (first + second)
+    assert choice.baseline_engines == pytest.approx([base, base])
+    console = Console(record=True, width=200, color_system=None)
+    render_study(view, console)
+    shown = console.export_text()
+    again = [r for r in view.rows if r.confirms is not None]
+    assert len(again) == 2 and all(f"again on a fresh engine, as #{r.confirms}" in shown for r in again)
+    # confirmed once: resuming measures nothing more
+    run_study(config, measure_fn=_second_engine(landscape, factor, spent))
+    assert len(spent) == len(measured)
 
 
 def test_export_adds_a_batch_schedule_vllm_accepts(landscape: Landscape, tmp_path: Path) -> None:

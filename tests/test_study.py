@@ -75,6 +75,42 @@ def test_running_again_measures_nothing_twice(grid_study, tmp_path: Path) -> Non
     assert len(open_study(cfg.storage, "grid").rows) == before
 
 
+def test_confirm_measures_the_best_and_the_baseline_again_on_fresh_engines(grid_study, tmp_path: Path) -> None:
+    shutil.copy(grid_study.config.storage.removeprefix("sqlite:///"), tmp_path / "copy.db")
+    cfg = grid_study.config.model_copy(update={"storage": f"sqlite:///{tmp_path / 'copy.db'}", "confirm": 1})
+    before = open_study(cfg.storage, "grid")
+    top = max((r for r in before.complete() if not r.is_baseline), key=lambda r: r.values[0])
+    base = before.baseline()
+    assert base is not None
+    events: list = []
+    result = run_study(cfg, progress=events.append)
+    assert (result.measured, result.failed, result.reused) == (2, 0, 0)
+    view = open_study(cfg.storage, "grid")
+    again = sorted((r for r in view.rows if r.confirms is not None), key=lambda r: r.number)
+    assert [r.confirms for r in again] == [base.number, top.number]
+    for r in again:
+        first = next(x for x in view.rows if x.number == r.confirms)
+        assert r.state == "COMPLETE" and r.spec == first.spec and r.duplicate_of is None
+        m, m0 = view.store.measurement(r.trial_id), view.store.measurement(first.trial_id)
+        assert m is not None and m0 is not None
+        assert m.started_at > m0.started_at and m.log_path != m0.log_path  # its own engine
+    # progress numbers the confirmations after the search's five trials
+    assert [(e.number, e.total) for e in events if e.kind == "trial_end"] == [(6, 7), (7, 7)]
+    # the choice rests on the means over both engines
+    choice = view.best()
+    chosen = [r.values[0] for r in view.complete() if r.config_key == choice.row.config_key]
+    base_values = [r.values[0] for r in view.complete() if r.is_baseline]
+    assert choice.engines == chosen and len(chosen) == 2 and choice.baseline_engines == base_values
+    assert choice.value == pytest.approx(sum(chosen) / 2)
+    assert choice.speedup == pytest.approx(choice.value / (sum(base_values) / 2))
+    assert choice.row.config_key in {base.config_key, top.config_key}
+    out = export_best(view, tmp_path / "best.yaml")
+    provenance = json.loads(out.provenance_path.read_text())
+    assert provenance["engines"]["each"] == chosen and provenance["engines"]["baseline_each"] == base_values
+    # confirmed once: running again measures nothing
+    assert run_study(cfg).measured == 0
+
+
 def test_export_is_accepted_by_vllms_own_parser(grid_study, tmp_path: Path) -> None:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

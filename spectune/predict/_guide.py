@@ -6,10 +6,13 @@ After the baseline, every unmeasured candidate of the space is predicted
 - a candidate is *clearly worse* when even its optimistic bound does not beat the best value
   measured so far by more than ``margin`` (the noise band of one measurement): it is skipped;
 - of the rest, the next to measure alternates between the *most promising* (best predicted
-  value) and the *most uncertain* (widest interval, relative to its value). A proposer not
-  measured yet has prior-wide intervals, so the uncertain picks measure each proposer once (at
-  its most uncertain ``k``, usually the largest, whose counters then predict every smaller ``k``
-  by truncation), and the promising picks confirm the predicted winners;
+  value) and the *most uncertain* (widest interval, relative to its value), the promising
+  first: the predicted winner measured early gives the strongest best-so-far to skip against
+  (and the best configuration to a study stopped early), and it calibrates the cost model
+  where it matters. A proposer not measured yet has prior-wide intervals, so the uncertain
+  picks measure each proposer once (at its most uncertain ``k``, usually the largest, whose
+  counters then predict every smaller ``k`` by truncation), and the promising picks confirm
+  the predicted winners;
 - when nothing is left that could beat the best, the search stops, whatever its trial budget.
 
 Pure functions of measurements: :func:`spectune.study.run_study` enqueues the picks as Optuna
@@ -76,8 +79,8 @@ def plan_next(
     (best first, as :func:`~spectune.predict.predict_candidates` returns them).
 
     ``best`` is the best (feasible) value measured so far, the baseline's included; ``step``
-    counts the guided picks made so far: even steps take the most uncertain candidate, odd ones
-    the most promising (see the module docstring).
+    counts the guided picks made so far: even steps take the most promising candidate, odd ones
+    the most uncertain (see the module docstring).
     """
     alive = [p for p in ranking if could_beat(p, best, maximize=maximize, margin=margin)]
     skipped = [p for p in ranking if p not in alive]
@@ -85,6 +88,6 @@ def plan_next(
         return GuidePlan(None, None, [], skipped)
     promising = alive[0]
     uncertain = max(alive, key=lambda p: (relative_width(p), -alive.index(p)))
-    if step % 2 == 0 and relative_width(uncertain) > 2 * margin:
+    if step % 2 == 1 and relative_width(uncertain) > 2 * margin:
         return GuidePlan(uncertain, "uncertain", alive, skipped)
     return GuidePlan(promising, "promising", alive, skipped)
