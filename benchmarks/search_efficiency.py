@@ -96,7 +96,7 @@ def record(args: argparse.Namespace) -> None:
     with _workdir() as work:
         url = f"sqlite:///{work / 'landscape.db'}"
         overrides = {"storage": url, "study_name": "landscape", "sampler": "grid", "trials": n,
-                     "log_dir": str(work / "logs")}
+                     "log_dir": str(work / "logs"), "confirm": 0}  # one engine per candidate
         from spectune._util import validate
         from spectune.study import StudyConfig
 
@@ -193,6 +193,14 @@ def _engine_speed(landscape: Landscape, objective: str) -> dict[str, Any]:
             "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in scaled.items()}}
 
 
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
 def evaluate(args: argparse.Namespace) -> None:
     from spectune.study import Objective, relative_noise
 
@@ -220,13 +228,14 @@ def evaluate(args: argparse.Namespace) -> None:
         reach = [_seconds_to_reach(t, good) for t in traces]
         results[name] = {
             "seconds_to_reach": reach,
-            "mean_seconds_to_reach": statistics.fmean(r if r is not None else math.inf for r in reach),
+            # null when some run never got there
+            "mean_seconds_to_reach": _finite(statistics.fmean(r if r is not None else math.inf for r in reach)),
             "trials_to_reach": [next((i + 1 for i, lb in enumerate(t["measured"]) if lb in good), None) for t in traces],
             "measured": [len(t["measured"]) for t in traces],
             "total_seconds": [round(sum(t["seconds"]), 1) for t in traces],
             "found": [any(lb in good for lb in t["measured"]) for t in traces],
         }
-    guided = results["guided"]["mean_seconds_to_reach"]
+    guided = results["guided"]["mean_seconds_to_reach"] or math.inf
     errors = _prediction_errors(landscape, objective.value)
     out = {
         "landscape": str(args.landscape.relative_to(REPO) if args.landscape.is_relative_to(REPO) else args.landscape),
@@ -239,9 +248,10 @@ def evaluate(args: argparse.Namespace) -> None:
         "best": {"config": best_label, "value": best,
                  "speedup": best / values.get("none", best) if objective is Objective.OUTPUT_THROUGHPUT else None},
         "within_tolerance": sorted(good),
-        "grid_engine_seconds_ratio": guided / results["grid"]["mean_seconds_to_reach"],
-        "random_engine_seconds_ratio": guided / results["random"]["mean_seconds_to_reach"],
-        "tpe_engine_seconds_ratio": guided / results["tpe"]["mean_seconds_to_reach"],
+        # null where guided search never measured a config within the tolerance (it stopped first)
+        "grid_engine_seconds_ratio": _ratio(guided, results["grid"]["mean_seconds_to_reach"] or math.inf),
+        "random_engine_seconds_ratio": _ratio(guided, results["random"]["mean_seconds_to_reach"] or math.inf),
+        "tpe_engine_seconds_ratio": _ratio(guided, results["tpe"]["mean_seconds_to_reach"] or math.inf),
         "guided_stop_seconds_ratio": statistics.fmean(results["guided"]["total_seconds"]) / total,
         "acceptance_length_error": statistics.fmean(e["error"] for e in errors["acceptance_length"]),
         "throughput_error": statistics.fmean(e["error"] for e in errors[objective.value]),
@@ -253,7 +263,8 @@ def evaluate(args: argparse.Namespace) -> None:
     atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
     print(f"landscape: {n} candidates, {total:.0f} engine seconds; best {best_label} ({best:.4g} {objective.value})")
     for name, r in results.items():
-        print(f"{name:>7}: {r['mean_seconds_to_reach']:.0f} s to reach within {args.tolerance:.0%} "
+        mean = r["mean_seconds_to_reach"]
+        print(f"{name:>7}: {f'{mean:.0f} s' if mean is not None else 'did not'} to reach within {args.tolerance:.0%} "
               f"(trials {r['trials_to_reach']}, measured {r['measured']})")
     print(f"mean window noise of the landscape (MAD / median): {out['landscape_window_noise']:.3f}")
     speed = out["engine_speed"]
@@ -261,7 +272,7 @@ def evaluate(args: argparse.Namespace) -> None:
           "scaled by it, " + ", ".join(f"{k} {v[0]:.3g}-{v[1]:.3g}" for k, v in speed["ttft_scaled_by_method"].items()))
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
                 "guided_stop_seconds_ratio", "acceptance_length_error", "throughput_error"):
-        print(f"{key}: {out[key]:.3f}")
+        print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (guided search did not reach it)")
     print(f"-> {args.out}")
 
 

@@ -17,6 +17,8 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from spectune.results import StudyView
+
 app = typer.Typer(
     name="spectune",
     help="Find the speculative-decoding configuration that serves your model fastest on vLLM.",
@@ -34,6 +36,8 @@ _state: dict[str, Any] = {"debug": False}
 
 def _err_console() -> Console:
     from rich.console import Console
+
+    from spectune.results import StudyView
 
     return Console(stderr=True, highlight=False)
 
@@ -149,14 +153,14 @@ def optimize(
         result = run_study(cfg, progress=progress.on_event, trial_progress=progress.trial_hook)
     console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
                   f"{result.reused} reused; storage {result.storage}")
-    _print_best(result.storage, result.study_name)
-
-
-def _print_best(storage: str | None, study: str | None) -> None:
-    from spectune.errors import ConfigError
     from spectune.results import open_study
 
-    view = open_study(storage, study)
+    _print_best(open_study(result.storage, result.study_name))
+
+
+def _print_best(view: StudyView) -> None:
+    from spectune.errors import ConfigError
+
     try:
         choice = view.best()
     except ConfigError as e:
@@ -174,7 +178,9 @@ def show(
     from spectune._progress import render_study
     from spectune.results import open_study
 
-    render_study(open_study(storage, study))
+    view = open_study(storage, study)
+    render_study(view)
+    _print_best(view)
 
 
 @app.command()
@@ -235,6 +241,8 @@ def predict(
     """Rank the space's unmeasured candidates by predicted objective, with intervals and their source."""
     from rich.console import Console
 
+    from spectune.results import StudyView
+
     from spectune.errors import ConfigError
     from spectune.predict import levels_table, predictions_table
     from spectune.results import open_study
@@ -269,6 +277,8 @@ def predict(
 def workloads_list() -> None:
     """Shipped prompt sets, read offline from installed packages, with their counts."""
     from rich.console import Console
+
+    from spectune.results import StudyView
 
     from spectune.workloads import shipped_sets_table
 

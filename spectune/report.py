@@ -310,8 +310,10 @@ def _note(view: StudyView) -> str:
     lines += [f"**Best configuration:** {_best_line(choice)}", ""]
     values = ", ".join(f"{o} = {_fmt(v)}" for o, v in zip(view.objectives, choice.row.values or [], strict=False))
     base = ", ".join(f"{o} = {_fmt(v)}" for o, v in zip(view.objectives, choice.baseline.values or [], strict=False))
-    lines += [f"- measured: {values}", f"- baseline (trial {choice.baseline.number}): {base}"]
-    if len(choice.engines) > 1 or len(choice.baseline_engines) > 1:
+    several = len(choice.engines) > 1 or len(choice.baseline_engines) > 1
+    first = " (first engine)" if several else ""
+    lines += [f"- measured{first}: {values}", f"- baseline (trial {choice.baseline.number}){first}: {base}"]
+    if several:
         lines.append(f"- {view.objectives[0]} on each engine: {', '.join(_fmt(v) for v in choice.engines)} "
                      f"(baseline: {', '.join(_fmt(v) for v in choice.baseline_engines)})")
     lines += [f"- noise band: +-{choice.noise_band:.1%}", ""]
@@ -552,11 +554,10 @@ class _Context:
 def _trial_note(r: TrialRow) -> str:
     if r.duplicate_of is not None:
         return f"same candidate as #{r.duplicate_of}"
+    note = r.fail_reason or ("" if r.feasible else "breaks the SLO")
     if r.confirms is not None:
-        return f"measured again on a fresh engine (as #{r.confirms})" + (f": {r.fail_reason}" if r.fail_reason else "")
-    if r.fail_reason:
-        return r.fail_reason
-    return "" if r.feasible else "breaks the SLO"
+        return f"measured again on a fresh engine (as #{r.confirms})" + (f": {note}" if note else "")
+    return note
 
 
 def _trial_cells(view: StudyView, r: TrialRow) -> list[str]:

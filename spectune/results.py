@@ -65,6 +65,8 @@ class Engines:
 
     row: TrialRow
     values: list[float]
+    numbers: list[int]
+    """The trials, the first one (``row``) first."""
     noise: float
     """Relative noise: the windows' (mean over engines, :data:`NOISE_FLOOR` when unknown), or
     the spread between engines (standard deviation over mean) when that is larger."""
@@ -80,7 +82,7 @@ class Engines:
         window = statistics.fmean(r.noise if r.noise is not None else NOISE_FLOOR for r in rows)
         mean = statistics.fmean(values)
         spread = statistics.stdev(values) / abs(mean) if len(values) > 1 and mean else 0.0
-        return cls(rows[0], values, max(window, spread), all(r.feasible for r in rows))
+        return cls(rows[0], values, [r.number for r in rows], max(window, spread), all(r.feasible for r in rows))
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,9 @@ class StudyView:
         return [r for r in self.rows if r.state == "COMPLETE" and r.values is not None]
 
     def speculative_measurements(self) -> list[Measurement]:
-        """The stored Measurements of the completed speculative trials (duplicates once)."""
-        rows = [r for r in self.complete() if not r.is_baseline and r.duplicate_of is None]
+        """The stored Measurements of the completed speculative configurations: each one's first
+        trial (a suggestion answered from an earlier trial, or a confirmation, is no new point)."""
+        rows = [c.row for c in self.engines() if not c.row.is_baseline]
         return [m for r in rows if (m := self.store.measurement(r.trial_id)) is not None]
 
     def baseline(self) -> TrialRow | None:
@@ -150,25 +153,29 @@ class StudyView:
         One objective: the best value. Two: among the feasible Pareto front, the best first
         objective (the front itself is in the Optuna dashboard and the report). A configuration
         measured on several engines (``confirm``) counts with its mean, its noise with the
-        spread between the engines; once a study has confirmations, the choice is among the
-        confirmed configurations.
+        spread between the engines; once a study has confirmations, the speculative
+        configurations compete only if confirmed (all of them when no confirmation completed:
+        the reason then says so).
         """
         configs = self.engines()
         base = next((c for c in configs if c.row.is_baseline), None)
         if base is None:
             raise ConfigError(f"study {self.name} has no completed baseline trial to compare with")
-        candidates = [c for c in configs if c.feasible]
+        speculative = [c for c in configs if c.feasible and not c.row.is_baseline]
         if len(self.directions) > 1:
             front = {t.number for t in self.study.best_trials}
-            candidates = [c for c in candidates if c.row.number in front or c.row.is_baseline]
-        if any(r.confirms is not None for r in self.rows):
-            candidates = [c for c in candidates if len(c.values) > 1] or candidates
+            speculative = [c for c in speculative if front.intersection(c.numbers)]
+        confirming = any(r.confirms is not None for r in self.rows)
+        if confirming:  # a confirmation that failed or has not run leaves its configuration out
+            speculative = [c for c in speculative if len(c.values) > 1] or speculative
+        candidates = [base] * base.feasible + speculative
         sign = 1.0 if self.directions[0] == "maximize" else -1.0
         best = max(candidates, key=lambda c: sign * c.value) if candidates else base
         band = best.noise + base.noise
         num, den = (best.value, base.value) if sign > 0 else (base.value, best.value)
         gain = num / den if den > 0 else None  # as spectune.study.speedup
-        engines = "" if len(best.values) < 2 else f", mean of {len(best.values)} engines"
+        engines = (f", mean of {len(best.values)} engines" if len(best.values) > 1
+                   else ", on one engine: no confirmation completed" if confirming else "")
 
         def choice(c: Engines, is_baseline: bool, reason: str) -> Choice:
             return Choice(c.row, base.row, is_baseline, reason, band, c.value,

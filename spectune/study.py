@@ -346,16 +346,9 @@ def run_study(
             and json.dumps(baseline_params, sort_keys=True) not in waiting:
         study.enqueue_trial(baseline_params, user_attrs={"role": "baseline"})
     retried = {t.user_attrs.get("retry_of") for t in trials}
-    for t in trials:
-        if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried:
-            again = {k: t.user_attrs[k] for k in ("confirms",) if k in t.user_attrs}
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number, **again})
-    if config.sampler == "grid":
-        seen = {_params_key(t) for t in trials}
-        for spec in space.enumerate():
-            params = space.params_of(spec)
-            if not spec.is_baseline and json.dumps(params, sort_keys=True) not in seen:
-                study.enqueue_trial(params)
+    for t in trials:  # an interrupted confirmation is queued again by the confirmation phase
+        if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried and "confirms" not in t.user_attrs:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
 
     counts = {"measured": 0, "failed": 0, "reused": 0}
     primary = config.objectives[0]
@@ -371,7 +364,7 @@ def run_study(
         base = baseline_value()
         best: tuple[str | None, float | None] = (None, None)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if not t.user_attrs.get("feasible", True) or base is None:
+            if not t.user_attrs.get("feasible", True) or base is None or "confirms" in t.user_attrs:
                 continue
             s = speedup(primary, t.values[0], base)
             if best[1] is None or s > best[1]:
@@ -425,7 +418,7 @@ def run_study(
         counts["measured"] += 1
         attrs = headline(m)
         base = baseline_value()
-        if spec.is_baseline:
+        if spec.is_baseline and confirms is None:
             base = values[0]
         if base is not None:
             attrs["speedup"] = round(speedup(primary, values[0], base), 4)
@@ -455,12 +448,17 @@ def run_study(
             break
         if guided and not _pending(study) and not _enqueue_guided(study, store, url, space, config, hook):
             break
+        if config.sampler == "grid" and not _pending(study):
+            _enqueue_grid(study, space)  # one at a time: nothing queued is left beyond the budget
         study.optimize(objective, n_trials=1, catch=(EngineError,))
         attempts += 1
     if config.confirm:
         waiting = _enqueue_confirmations(study, store, url, config.confirm)
         searched = len(finished())
         for i in range(waiting):
+            if not _next_confirms(study):  # a queue of an earlier spectune, or another worker's
+                _logger.warning("confirmations wait behind other queued trials; run the study again")
+                break
             confirming[:] = [(searched + i + 1, searched + waiting)]
             study.optimize(objective, n_trials=1, catch=(EngineError,))
     _annotate(study, store, url)
@@ -546,6 +544,24 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
         "prediction_source": p.source, "guide_reason": plan.reason, "guide_step": step,
     })
     return True
+
+
+def _enqueue_grid(study: optuna.Study, space: Any) -> None:
+    """Enqueue the first candidate of the space, in its order, that no trial has taken yet."""
+    taken = {_params_key(t) for t in study.get_trials(deepcopy=False)}
+    for spec in space.enumerate():
+        params = space.params_of(spec)
+        if not spec.is_baseline and json.dumps(params, sort_keys=True) not in taken:
+            study.enqueue_trial(params)
+            return
+
+
+def _next_confirms(study: optuna.Study) -> bool:
+    """Whether the trial Optuna runs next (the oldest waiting one) is a confirmation."""
+    import optuna
+
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    return bool(waiting) and "confirms" in min(waiting, key=lambda t: t.number).user_attrs
 
 
 def _enqueue_confirmations(study: optuna.Study, store: MeasurementStore, url: str, n: int) -> int:

@@ -184,7 +184,8 @@ def test_a_sampler_suggesting_a_measured_candidate_reuses_it(landscape: Landscap
 
 
 def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, float]]):  # noqa: ANN202
-    """The landscape's measurer, but a speculative candidate's second engine runs ``factor`` as fast."""
+    """The landscape's measurer, but a speculative candidate's second engine runs ``factor`` as fast
+    (throughput times ``factor``, TPOT divided by it)."""
     from spectune.trial import Measurement
 
     inner = landscape.measurer(spent)
@@ -196,7 +197,8 @@ def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, f
         seen.add(spec.label())
         if not again:
             return m
-        windows = [w.model_copy(update={"output_throughput": w.output_throughput * factor}) for w in m.windows]
+        windows = [w.model_copy(update={"output_throughput": w.output_throughput * factor,
+                                        "tpot_median_ms": (w.tpot_median_ms or 0.0) / factor}) for w in m.windows]
         return m.model_copy(update={"output_throughput": m.output_throughput * factor, "windows": windows})
 
     return measure
@@ -235,6 +237,64 @@ def test_confirmed_configurations_are_chosen_on_their_mean(landscape: Landscape,
     # confirmed once: resuming measures nothing more
     run_study(config, measure_fn=_second_engine(landscape, factor, spent))
     assert len(spent) == len(measured)
+
+
+def test_two_objectives_a_confirmed_configuration_stays_on_the_front(landscape: Landscape, tmp_path: Path) -> None:
+    values = _values(landscape)
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'p.db'}", study_name="pareto", sampler="grid",
+                              objectives=["output_throughput", "tpot_median_ms"], trials=len(landscape.points),
+                              confirm=1, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=_second_engine(landscape, 1.3, spent))
+    top = max(values, key=values.__getitem__)
+    assert [label for label, _ in spent][-2:] == ["none", top]
+    view = open_study(config.storage, "pareto")
+    first = next(r for r in view.rows if r.label == top and r.confirms is None)
+    front = {t.number for t in view.study.best_trials}
+    assert first.number not in front  # its own faster second engine dominates it
+    choice = view.best()
+    assert choice.row.number == first.number and not choice.is_baseline
+    assert choice.value == pytest.approx(values[top] * 1.15)
+
+
+def test_a_failed_confirmation_leaves_its_single_engine_in_the_choice_and_says_so(
+        landscape: Landscape, tmp_path: Path) -> None:
+    from spectune.errors import EngineError
+
+    inner = landscape.measurer()
+    seen: set[str] = set()
+
+    def measure(engine: object, spec: SpecConfig, *args: object, **kwargs: object):  # noqa: ANN202
+        if spec.label() in seen and not spec.is_baseline:
+            raise EngineError("engine exited with code 1 during startup")
+        seen.add(spec.label())
+        return inner(engine, spec, *args, **kwargs)
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'f.db'}", study_name="confirm", sampler="guided",
+                              trials=len(landscape.points), confirm=1, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=measure)
+    view = open_study(config.storage, "confirm")
+    failed = [r for r in view.rows if r.confirms is not None and r.state == "FAIL"]
+    assert len(failed) == 1 and not failed[0].is_baseline
+    choice = view.best()  # the baseline, confirmed, does not win by default
+    assert not choice.is_baseline and choice.row.number == failed[0].confirms
+    assert choice.engines == [choice.row.values[0]] and len(choice.baseline_engines) == 2
+    assert "on one engine: no confirmation completed" in choice.reason
+
+
+def test_a_grid_shorter_than_its_space_confirms_its_own_best(landscape: Landscape, tmp_path: Path) -> None:
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'g.db'}", study_name="grid", sampler="grid",
+                              trials=4, confirm=1, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(spent))
+    measured = [label for label, _ in spent]
+    values = _values(landscape)
+    searched = measured[:4]
+    assert len(set(searched)) == 4 and searched[0] == "none"
+    top = max(searched[1:], key=values.__getitem__)
+    assert measured[4:] == ["none", top]  # no grid candidate beyond the budget ran
+    view = open_study(config.storage, "grid")
+    assert not [t for t in view.study.trials if t.state.name == "WAITING"]
 
 
 def test_export_adds_a_batch_schedule_vllm_accepts(landscape: Landscape, tmp_path: Path) -> None:

@@ -21,9 +21,8 @@ def _study(trials: list[tuple[str, float, float | None, bool]]) -> StudyView:
     study = optuna.create_study(direction="maximize", study_name="s")
     study.set_user_attr("objectives", ["output_throughput"])
     base = trials[0][1]
-    for label, value, noise, feasible in trials:
-        method = "none" if label == "none" else "ngram"
-        spec = {"method": method} if method == "none" else {"method": "ngram", "num_speculative_tokens": 2}
+    for i, (label, value, noise, feasible) in enumerate(trials):  # each trial a configuration of its own
+        spec = {"method": "none"} if label == "none" else {"method": "ngram", "num_speculative_tokens": i}
         study.add_trial(optuna.trial.create_trial(
             value=value, params={}, distributions={},
             user_attrs={"config": label, "spec": spec, "speedup": value / base, "noise": noise, "feasible": feasible},
@@ -80,8 +79,8 @@ def test_two_objectives_choose_from_the_feasible_pareto_front() -> None:
     study.set_user_attr("objectives", ["output_throughput", "tpot_median_ms"])
     rows = [("none", 10.0, 50.0, True), ("dominated", 11.0, 60.0, True), ("fast", 14.0, 45.0, True),
             ("faster but breaks the SLO", 20.0, 30.0, False), ("low latency", 12.0, 20.0, True)]
-    for label, tput, tpot, feasible in rows:
-        spec = {"method": "none"} if label == "none" else {"method": "ngram", "num_speculative_tokens": 2}
+    for i, (label, tput, tpot, feasible) in enumerate(rows):
+        spec = {"method": "none"} if label == "none" else {"method": "ngram", "num_speculative_tokens": i}
         study.add_trial(optuna.trial.create_trial(
             values=[tput, tpot], params={}, distributions={},
             user_attrs={"config": label, "spec": spec, "speedup": tput / 10.0, "noise": 0.01, "feasible": feasible},

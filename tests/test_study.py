@@ -243,6 +243,8 @@ def test_show_and_export_commands_read_the_study(grid_study, tmp_path: Path) -> 
                              "-o", str(out)], capture_output=True, text=True, timeout=120, check=False)
     assert export.returncode == 0, export.stderr
     assert export.stdout.startswith(f"wrote {out}") and out.is_file()
+    reason = export.stdout.splitlines()[0].split("): ", 1)[1]  # show ends with the same decision
+    assert show.stdout.splitlines()[-1].endswith(f" - {reason}") and show.stdout.splitlines()[-1].startswith("best: ")
     missing = subprocess.run([sys.executable, "-m", "spectune.cli", "show", "--storage", storage, "--study", "nope"],
                              capture_output=True, text=True, timeout=120, check=False)
     assert missing.returncode == 2 and "no study named 'nope'" in missing.stderr
