@@ -37,8 +37,6 @@ _state: dict[str, Any] = {"debug": False}
 def _err_console() -> Console:
     from rich.console import Console
 
-    from spectune.results import StudyView
-
     return Console(stderr=True, highlight=False)
 
 
@@ -241,8 +239,6 @@ def predict(
     """Rank the space's unmeasured candidates by predicted objective, with intervals and their source."""
     from rich.console import Console
 
-    from spectune.results import StudyView
-
     from spectune.errors import ConfigError
     from spectune.predict import levels_table, predictions_table
     from spectune.results import open_study
@@ -277,8 +273,6 @@ def predict(
 def workloads_list() -> None:
     """Shipped prompt sets, read offline from installed packages, with their counts."""
     from rich.console import Console
-
-    from spectune.results import StudyView
 
     from spectune.workloads import shipped_sets_table
 
