@@ -206,6 +206,7 @@ def test_bad_study_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, r
         ["--space", str(bad_space)],
         ["--space", "ngram", "--workload", str(tmp_path / "missing.jsonl")],
         ["--space", "ngram", "--objective", "happiness"],
+        ["--space", "ngram", "--confirm", "-1"],
     ]
     for extra in cases:
         args = ["--target", str(tiny_models.target), "--workload", str(repetitive_prompts),
@@ -224,8 +225,8 @@ def test_bad_study_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, r
 def test_load_study_config_flags_override_the_file(tmp_path: Path) -> None:
     f = tmp_path / "s.yaml"
     f.write_text("target: a\nworkload: {source: humaneval, num_prompts: 3}\ntrials: 4\n")
-    cfg = load_study_config(f, {"target": "b", "trials": None, "workload": "mtbench"})
-    assert cfg.target == "b" and cfg.trials == 4
+    cfg = load_study_config(f, {"target": "b", "trials": None, "workload": "mtbench", "confirm": 2})
+    assert cfg.target == "b" and cfg.trials == 4 and cfg.confirm == 2
     assert cfg.workload.source == "mtbench" and cfg.workload.num_prompts == 3
     assert cfg.resolved_study_name() == "b-mtbench"
 
