@@ -165,17 +165,18 @@ class StudyView:
         if len(self.directions) > 1:
             front = {t.number for t in self.study.best_trials}
             speculative = [c for c in speculative if front.intersection(c.numbers)]
-        confirming = any(r.confirms is not None for r in self.rows)
+        confirming = any(r.confirms is not None and not r.is_baseline for r in self.rows)
         if confirming:  # a confirmation that failed or has not run leaves its configuration out
             speculative = [c for c in speculative if len(c.values) > 1] or speculative
-        candidates = [base] * base.feasible + speculative
+        candidates = ([base] if base.feasible else []) + speculative
         sign = 1.0 if self.directions[0] == "maximize" else -1.0
         best = max(candidates, key=lambda c: sign * c.value) if candidates else base
         band = best.noise + base.noise
         num, den = (best.value, base.value) if sign > 0 else (base.value, best.value)
         gain = num / den if den > 0 else None  # as spectune.study.speedup
         engines = (f", mean of {len(best.values)} engines" if len(best.values) > 1
-                   else ", on one engine: no confirmation completed" if confirming else "")
+                   else ", on one engine: no speculative configuration was confirmed feasible on a second"
+                   if confirming else "")
 
         def choice(c: Engines, is_baseline: bool, reason: str) -> Choice:
             return Choice(c.row, base.row, is_baseline, reason, band, c.value,

@@ -345,6 +345,10 @@ def run_study(
     if not any(t.params == baseline_params for t in trials if t.state != optuna.trial.TrialState.FAIL) \
             and json.dumps(baseline_params, sort_keys=True) not in waiting:
         study.enqueue_trial(baseline_params, user_attrs={"role": "baseline"})
+    for t in trials:  # confirmations left queued by an interrupted run: queued again after the search
+        if t.state == optuna.trial.TrialState.WAITING and "confirms" in t.user_attrs:
+            storage.set_trial_user_attr(t._trial_id, "fail_reason", INTERRUPTED)
+            storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
     retried = {t.user_attrs.get("retry_of") for t in trials}
     for t in trials:  # an interrupted confirmation is queued again by the confirmation phase
         if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried and "confirms" not in t.user_attrs:
@@ -457,7 +461,7 @@ def run_study(
         searched = len(finished())
         for i in range(waiting):
             if not _next_confirms(study):  # a queue of an earlier spectune, or another worker's
-                _logger.warning("confirmations wait behind other queued trials; run the study again")
+                _logger.warning("the confirmations wait behind other queued trials: raise --trials to run those first")
                 break
             confirming[:] = [(searched + i + 1, searched + waiting)]
             study.optimize(objective, n_trials=1, catch=(EngineError,))
@@ -578,12 +582,17 @@ def _enqueue_confirmations(study: optuna.Study, store: MeasurementStore, url: st
     sign = 1.0 if view.directions[0] == "maximize" else -1.0
     # ranked by their first engine, as the search saw them: a resumed study confirms the same ones
     ranked = sorted((c for c in configs if c.feasible and not c.row.is_baseline), key=lambda c: -sign * c.values[0])
+    if len(view.directions) > 1:  # two objectives: the configurations of the Pareto front
+        front = {t.number for t in study.best_trials}
+        ranked = [c for c in ranked if front.intersection(c.numbers)]
     chosen = [c for c in configs if c.row.is_baseline] + ranked[:n]
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    queued = {t.user_attrs.get("confirms") for t in trials.values() if t.state in (
-        optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)}
+    # queued or running, or failed by its engine (that is data: not again on each resume)
+    done = {t.user_attrs.get("confirms") for t in trials.values() if t.state in (
+        optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
+        or (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED))}
     for c in chosen:
-        if len(c.values) == 1 and c.row.number not in queued:
+        if len(c.values) == 1 and c.row.number not in done:
             study.enqueue_trial(trials[c.row.number].params, user_attrs={"confirms": c.row.number})
     return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
                if "confirms" in t.user_attrs)
