@@ -39,7 +39,6 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import math
 import shutil
 import statistics
 import sys
@@ -193,19 +192,12 @@ def _engine_speed(landscape: Landscape, objective: str) -> dict[str, Any]:
             "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in scaled.items()}}
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
-
-
 def evaluate(args: argparse.Namespace) -> None:
     from spectune.study import Objective, relative_noise
 
     landscape = Landscape.load(args.landscape)
-    if not Path(landscape.target).exists():  # recorded elsewhere: no engine runs, names will do
+    here = [landscape.target, *([landscape.draft] if landscape.draft else [])]
+    if not all(Path(m).exists() for m in here):  # recorded elsewhere: no engine runs, names will do
         logging.getLogger("spectune.pairing").setLevel(logging.ERROR)
         draft = f"landscape/{Path(landscape.draft).name}" if landscape.draft else None
         landscape = landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)
@@ -224,18 +216,23 @@ def evaluate(args: argparse.Namespace) -> None:
                 "grid": [_strategy(landscape, work, "grid", 0, n, objective.value)],
                 "random": [_strategy(landscape, work, "random", s, n, objective.value) for s in seeds],
                 "tpe": [_strategy(landscape, work, "tpe", s, n, objective.value) for s in seeds]}
+    mean: dict[str, float | None] = {}  # None: some run never got there (null in the JSON)
     for name, traces in runs.items():
         reach = [_seconds_to_reach(t, good) for t in traces]
+        mean[name] = None if None in reach else statistics.fmean(r for r in reach if r is not None)
         results[name] = {
             "seconds_to_reach": reach,
-            # null when some run never got there
-            "mean_seconds_to_reach": _finite(statistics.fmean(r if r is not None else math.inf for r in reach)),
+            "mean_seconds_to_reach": mean[name],
             "trials_to_reach": [next((i + 1 for i, lb in enumerate(t["measured"]) if lb in good), None) for t in traces],
             "measured": [len(t["measured"]) for t in traces],
             "total_seconds": [round(sum(t["seconds"]), 1) for t in traces],
             "found": [any(lb in good for lb in t["measured"]) for t in traces],
         }
-    guided = results["guided"]["mean_seconds_to_reach"] or math.inf
+
+    def ratio(other: str) -> float | None:  # null where guided search never got there (it stopped first)
+        g, o = mean["guided"], mean[other]
+        return g / o if g is not None and o else None
+
     errors = _prediction_errors(landscape, objective.value)
     out = {
         "landscape": str(args.landscape.relative_to(REPO) if args.landscape.is_relative_to(REPO) else args.landscape),
@@ -248,10 +245,9 @@ def evaluate(args: argparse.Namespace) -> None:
         "best": {"config": best_label, "value": best,
                  "speedup": best / values.get("none", best) if objective is Objective.OUTPUT_THROUGHPUT else None},
         "within_tolerance": sorted(good),
-        # null where guided search never measured a config within the tolerance (it stopped first)
-        "grid_engine_seconds_ratio": _ratio(guided, results["grid"]["mean_seconds_to_reach"] or math.inf),
-        "random_engine_seconds_ratio": _ratio(guided, results["random"]["mean_seconds_to_reach"] or math.inf),
-        "tpe_engine_seconds_ratio": _ratio(guided, results["tpe"]["mean_seconds_to_reach"] or math.inf),
+        "grid_engine_seconds_ratio": ratio("grid"),
+        "random_engine_seconds_ratio": ratio("random"),
+        "tpe_engine_seconds_ratio": ratio("tpe"),
         "guided_stop_seconds_ratio": statistics.fmean(results["guided"]["total_seconds"]) / total,
         "acceptance_length_error": statistics.fmean(e["error"] for e in errors["acceptance_length"]),
         "throughput_error": statistics.fmean(e["error"] for e in errors[objective.value]),
@@ -263,8 +259,8 @@ def evaluate(args: argparse.Namespace) -> None:
     atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
     print(f"landscape: {n} candidates, {total:.0f} engine seconds; best {best_label} ({best:.4g} {objective.value})")
     for name, r in results.items():
-        mean = r["mean_seconds_to_reach"]
-        print(f"{name:>7}: {f'{mean:.0f} s' if mean is not None else 'did not'} to reach within {args.tolerance:.0%} "
+        took = f"{mean[name]:.0f} s" if mean[name] is not None else "did not"
+        print(f"{name:>7}: {took} to reach within {args.tolerance:.0%} "
               f"(trials {r['trials_to_reach']}, measured {r['measured']})")
     print(f"mean window noise of the landscape (MAD / median): {out['landscape_window_noise']:.3f}")
     speed = out["engine_speed"]

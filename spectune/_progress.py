@@ -149,14 +149,9 @@ def render_study(view: object, console: Console | None = None) -> None:
         vals = [f"{v:.4g}" for v in r.values] if r.values else ["-"] * len(view.objectives)
         if guided:
             vals.append(_fmt(r.predicted, ".4g"))
-        note = r.fail_reason or ("" if r.feasible else "breaks SLO")
-        if r.duplicate_of is not None:
-            note = f"same as #{r.duplicate_of}"
-        elif r.confirms is not None:
-            note = f"again on a fresh engine, as #{r.confirms}" + (f": {note}" if note else "")
         t.add_row(str(r.number), r.state, escape(r.label), *vals,
                   _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
-                  _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(note))
+                  _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(r.note))
     console.print(t)
     skipped = (view.study.user_attrs.get("guide") or {}).get("skipped") or []
     if skipped:

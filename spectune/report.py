@@ -551,20 +551,11 @@ class _Context:
         return rows
 
 
-def _trial_note(r: TrialRow) -> str:
-    if r.duplicate_of is not None:
-        return f"same candidate as #{r.duplicate_of}"
-    note = r.fail_reason or ("" if r.feasible else "breaks the SLO")
-    if r.confirms is not None:
-        return f"measured again on a fresh engine (as #{r.confirms})" + (f": {note}" if note else "")
-    return note
-
-
 def _trial_cells(view: StudyView, r: TrialRow) -> list[str]:
     values = [_fmt(v) for v in r.values] if r.values else ["-"] * len(view.objectives)
     return [str(r.number), r.state, r.label, *values, _fmt(r.speedup, ".3f", "x"),
             _fmt(r.noise, ".1%") if r.noise is not None else "-",
-            _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), _trial_note(r)]
+            _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), r.note]
 
 
 def _trial_header(view: StudyView) -> list[str]:

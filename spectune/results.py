@@ -5,14 +5,13 @@ Export, ``show`` and reports read from storage through here, never from an engin
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
-from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
+from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, spec_key
 
 if TYPE_CHECKING:
     import optuna
@@ -55,7 +54,17 @@ class TrialRow:
     @property
     def config_key(self) -> str:
         """Equal for the trials of one configuration (a confirmation and the trial it confirms)."""
-        return json.dumps(self.spec or {"method": "none"}, sort_keys=True)
+        return spec_key(self.spec)
+
+    @property
+    def note(self) -> str:
+        """What a person should know beside the trial's figures (``show``, the report)."""
+        note = self.fail_reason or ("" if self.feasible else "breaks the SLO")
+        if self.duplicate_of is not None:
+            return f"same candidate as #{self.duplicate_of}"
+        if self.confirms is not None:
+            return f"again on a fresh engine, as #{self.confirms}" + (f": {note}" if note else "")
+        return note
 
 
 @dataclass(frozen=True)
@@ -206,14 +215,13 @@ class StudyView:
         """
         from spectune.predict import LearnedAcceptance, StudyInputs, TrainingTrial
         from spectune.space import load_space
-        from spectune.storage import spec_key
         from spectune.workloads import WorkloadFeatures
 
         cfg = self.study.user_attrs.get("spectune_config")
         if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
             raise ConfigError(f"study {self.name} carries no spectune configuration to read its space from")
         space = load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft"))
-        done = {spec_key(r.spec or None) for r in self.rows
+        done = {r.config_key for r in self.rows
                 if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
         base_row = self.baseline()
         if base_row is None:
