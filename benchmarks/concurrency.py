@@ -94,7 +94,7 @@ def _held_out(baseline: Any, speculative: list[Any], level: int) -> dict[str, An
 
 def evaluate(path: Path, out_path: Path) -> dict[str, Any]:
     landscape = Landscape.load(path)
-    measured = [p.measurement for p in landscape.points if p.measurement is not None]
+    measured = [p.measurement for p in landscape.by_key().values() if p.measurement is not None]  # first starts
     baseline = next(m for m in measured if m.spec.is_baseline)
     speculative = [m for m in measured if not m.spec.is_baseline and m.acceptance is not None]
     levels = [lv.concurrency for lv in baseline.levels]

@@ -2,29 +2,41 @@
 
 Two steps:
 
-``record``: measure every candidate of a space once on real vLLM engines (a grid study) and
-keep the trials as a landscape file (:class:`spectune.landscape.Landscape`: the Measurements,
-engine failures and the wall time of each trial). The default is the tiny landscape: 31
-candidates (none, n-gram, the tiny draft, suffix decoding) on the project's tiny models, HumanEval
-prompts, one request at a time::
+``record``: measure every candidate of a space on real vLLM engines (a grid study) and keep
+the trials as a landscape file (:class:`spectune.landscape.Landscape`: the Measurements, engine
+failures and the wall time of each trial). ``--starts N`` records the grid N times, so that each
+candidate has N engine starts; ``--append`` adds them to the landscape already in ``--out``.
+The default is the tiny landscape: 31 candidates (none, n-gram, the tiny draft, suffix
+decoding) on the project's tiny models, HumanEval prompts, one request at a time::
 
     python benchmarks/search_efficiency.py record           # ~20 min on 2 cores
     python benchmarks/search_efficiency.py record --config my_study.yaml --out my.json
     python benchmarks/search_efficiency.py record --smollm2 --config benchmarks/landscapes/smollm2.yaml \
         --out benchmarks/landscapes/smollm2.json                                     # ~35 min
+    python benchmarks/search_efficiency.py record --out benchmarks/landscapes/tiny_epyc.json \
+        --starts 2 --append                                                         # ~40 min
 
 ``evaluate``: replay studies on a landscape without engines (``run_study(measure_fn=...)``: the
-real study loop, Optuna and storage, answered from the file) and compare
+real study loop, Optuna and storage, answered from the file; a candidate measured again gets
+its next recorded engine start) and compare
 
-- guided search (spectune's default sampler), its predictions stored on its trials;
+- guided search (spectune's default sampler), its predictions stored on its trials, alone and
+  with ``confirm: 2`` (``guided_confirm``);
 - grid search in the space's order, and random search and TPE with ``--seeds`` seeds each;
 
 by the engine seconds spent until a configuration within ``--tolerance`` (2%) of the landscape's
 best was measured (guided search is deterministic: its seeds only seed Optuna's fallback
-sampler). Prediction errors, leave-one-out on the landscape: mean acceptance length of
-each (proposer, k) predicted from the other trials and the baseline (replay, or truncation and
-extrapolation from the same proposer at other k), and output throughput of each speculative
-candidate predicted from all the others. Writes ``benchmarks/results/search_efficiency.json``::
+sampler), and by the *regret* of the configuration each study finally chooses
+(:meth:`spectune.results.StudyView.best`): how far below the best its value is. A candidate's
+value is its mean over its recorded engine starts, so that on a landscape with several starts
+per candidate the best is not just the luckiest engine. Prediction errors, leave-one-out on the
+landscape: mean acceptance length of each (proposer, k) predicted from the other trials and the
+baseline (replay, or truncation and extrapolation from the same proposer at other k), and output
+throughput of each speculative candidate predicted from the others' first engine start,
+against its mean (and against its first start). With several starts per candidate it also
+writes how far one engine start lies from its candidate's mean (``engine_spread``): the error
+no prediction from single measurements can go below. Writes
+``benchmarks/results/search_efficiency.json``::
 
     python benchmarks/search_efficiency.py evaluate                      # the tiny landscape
     python benchmarks/search_efficiency.py evaluate my.json --out my_results.json
@@ -82,6 +94,8 @@ def record(args: argparse.Namespace) -> None:
     from spectune.space import load_space
     from spectune.study import run_study
 
+    if args.starts < 1:
+        raise SystemExit(f"error: --starts {args.starts}: record the grid at least once")
     data = load_yaml_file(args.config) or {}
     if args.smollm2:
         from spectune.checkpoints import prepare_smollm2
@@ -92,21 +106,35 @@ def record(args: argparse.Namespace) -> None:
         data["target"], data["draft"] = _tiny_models(args.models)
     space = load_space(data["space"]).resolve(data["target"], draft=data.get("draft"))
     n = len(space.enumerate())
-    with _workdir() as work:
-        url = f"sqlite:///{work / 'landscape.db'}"
-        overrides = {"storage": url, "study_name": "landscape", "sampler": "grid", "trials": n,
-                     "log_dir": str(work / "logs"), "confirm": 0}  # one engine per candidate
-        from spectune._util import validate
-        from spectune.study import StudyConfig
+    from spectune._util import validate
+    from spectune.study import StudyConfig
 
-        config = validate(StudyConfig, {**data, **overrides}, str(args.config))
-        print(f"recording {n} candidates of {data['space']} on {data['target']}", file=sys.stderr, flush=True)
-        run_study(config, progress=lambda e: e.kind == "trial_end" and print(
-            f"  {e.number}/{e.total} {e.state} {e.label} {e.values or e.reason}", file=sys.stderr, flush=True))
-        landscape = Landscape.from_study(open_study(url, "landscape"))
-    stored = {k: v for k, v in landscape.study_config.items() if k not in ("storage", "study_name", "log_dir")}
-    landscape.model_copy(update={"study_config": stored}).save(args.out)
-    print(f"{len(landscape.points)} candidates -> {args.out}")
+    def study_config(overrides: dict[str, Any]) -> StudyConfig:
+        return validate(StudyConfig, {**data, **overrides, "sampler": "grid", "trials": n, "confirm": 0},
+                        str(args.config))  # one engine per candidate and pass
+
+    def kept(cfg: StudyConfig) -> dict[str, Any]:
+        return {k: v for k, v in json.loads(cfg.model_dump_json()).items()
+                if k not in ("storage", "study_name", "log_dir")}
+
+    landscape = Landscape.load(args.out) if args.append and args.out.exists() else None
+    if landscape is not None:  # the same study, checked before the first engine starts
+        Landscape.combine([landscape, landscape.model_copy(update={"study_config": kept(study_config({}))})])
+    with _workdir() as work:
+        for i in range(args.starts):
+            url, name = f"sqlite:///{work / 'landscape.db'}", f"landscape-{i}"
+            config = study_config({"storage": url, "study_name": name, "log_dir": str(work / "logs")})
+            print(f"recording {n} candidates of {data['space']} on {data['target']} (pass {i + 1} of {args.starts})",
+                  file=sys.stderr, flush=True)
+            run_study(config, progress=lambda e: e.kind == "trial_end" and print(
+                f"  {e.number}/{e.total} {e.state} {e.label} {e.values or e.reason}", file=sys.stderr, flush=True))
+            recorded = Landscape.from_study(open_study(url, name))
+            recorded = recorded.model_copy(update={"study_config": kept(config)})
+            landscape = recorded if landscape is None else Landscape.combine([landscape, recorded])
+            landscape.save(args.out)  # after each pass: an interrupted recording keeps the passes done
+    assert landscape is not None
+    starts = len(landscape.points) / len(landscape.engines())
+    print(f"{len(landscape.engines())} candidates, {starts:.3g} engine starts each -> {args.out}")
 
 
 # -- evaluate --------------------------------------------------------------------------------
@@ -124,8 +152,9 @@ def _trace(landscape: Landscape, config: Any, objective: str) -> dict[str, Any]:
                   "predicted": t.user_attrs[f"predicted_{objective}"],
                   "measured": t.values[0] if t.values else None}
                  for t in view.study.get_trials(deepcopy=False) if f"predicted_{objective}" in t.user_attrs]
+    choice = view.best()
     return {"measured": [label for label, _ in spent], "seconds": [s for _, s in spent],
-            "guide": view.study.user_attrs.get("guide"), "predictions": predicted}
+            "chosen": choice.row.label, "guide": view.study.user_attrs.get("guide"), "predictions": predicted}
 
 
 def _seconds_to_reach(trace: dict[str, Any], good: set[str]) -> float | None:
@@ -138,18 +167,33 @@ def _seconds_to_reach(trace: dict[str, Any], good: set[str]) -> float | None:
     return None
 
 
-def _strategy(landscape: Landscape, work: Path, name: str, seed: int, trials: int, objective: str) -> dict[str, Any]:
+def _strategy(landscape: Landscape, work: Path, name: str, seed: int, trials: int, objective: str,
+              confirm: int = 0) -> dict[str, Any]:
+    sampler = name.split("_")[0]
     config = landscape.config(storage=f"sqlite:///{work / f'{name}-{seed}.db'}", study_name=f"{name}-{seed}",
-                              sampler=name, seed=seed, trials=trials, log_dir=str(work / "logs"))
+                              sampler=sampler, seed=seed, trials=trials, confirm=confirm, log_dir=str(work / "logs"))
     return _trace(landscape, config, objective)
 
 
+def _means(landscape: Landscape, objective: str) -> dict[str, float]:
+    """Each candidate's objective: the mean over its engine starts that measured it."""
+    out = {}
+    for engines in landscape.engines().values():
+        values = [v for p in engines if (v := landscape.value(p, objective)) is not None]
+        if values:
+            out[engines[0].label] = statistics.fmean(values)
+    return out
+
+
 def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
-    """Leave-one-out errors of acceptance length (held-out k) and of the objective."""
+    """Leave-one-out errors of acceptance length (held-out k) and of the objective (against the
+    held-out candidate's mean over its engine starts, and its first start), predicted from the
+    first engine start of every other candidate."""
     from spectune.predict import predict_candidates
     from spectune.predict._measured import effective_k, measured_profile, proposer_of
 
-    points = [p for p in landscape.points if p.measurement is not None]
+    means = _means(landscape, objective)
+    points = [p for p in landscape.by_key().values() if p.measurement is not None]
     base = next(p for p in points if p.spec.get("method", "none") == "none").measurement
     spec_points = [p for p in points if p.spec.get("method", "none") != "none"]
     accept, value = [], []
@@ -166,30 +210,60 @@ def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
                            "predicted": pred.mean_acceptance_length,
                            "error": abs(pred.mean_acceptance_length / profile.mean_acceptance_length - 1.0)})
         pred = predict_candidates([m.spec], base, others, objective=objective)[0]
-        measured = landscape.value(p, objective)
-        assert measured is not None
+        first = landscape.value(p, objective)
+        assert first is not None
+        measured = means[p.label]
         value.append({"config": p.label, "source": pred.source, "cost_source": pred.cost_source,
-                      "measured": measured, "predicted": pred.value.value,
+                      "measured": measured, "first_engine": first, "predicted": pred.value.value,
                       "low": pred.value.low, "high": pred.value.high,
-                      "error": abs(pred.value.value / measured - 1.0)})
+                      "error": abs(pred.value.value / measured - 1.0),
+                      "error_first_engine": abs(pred.value.value / first - 1.0)})
     return {"acceptance_length": accept, objective: value}
 
 
-def _engine_speed(landscape: Landscape, objective: str) -> dict[str, Any]:
+def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[str, Any]:
     """How fast each engine was, apart from its configuration: the median TTFT of the same
     prompts (speculation does not touch the prefill), and the objective of each method scaled by
-    its engine's TTFT against the baseline's (min, max per method)."""
-    points = [p for p in landscape.points if p.measurement is not None and p.measurement.ttft_ms.median]
-    base = next(p for p in points if p.spec.get("method", "none") == "none").measurement
-    assert base is not None and base.ttft_ms.median
-    ttft = {p.label: p.measurement.ttft_ms.median for p in points}  # type: ignore[union-attr]
-    scaled: dict[str, list[float]] = {}
-    for p in points:
+    its engine's TTFT against the baseline's (min, max per method; a throughput is multiplied by
+    the ratio, a latency divided by it). With several engine starts
+    per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
+    (``single_engine_error``), the same after scaling each start by its TTFT
+    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine), and the largest
+    max/min of one candidate's starts."""
+    speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT, or its inverse)
+    for p in landscape.points:
         value = landscape.value(p, objective)
-        if value is not None:
-            scaled.setdefault(p.spec.get("method", "none"), []).append(value * ttft[p.label] / base.ttft_ms.median)
-    return {"ttft_ms_min": min(ttft.values()), "ttft_ms_max": max(ttft.values()),
-            "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in scaled.items()}}
+        if value is not None and p.measurement is not None and p.measurement.ttft_ms.median:
+            ttft = p.measurement.ttft_ms.median
+            speed[id(p)] = (value, ttft if maximize else 1.0 / ttft)
+    base_ttft = statistics.fmean(speed[id(p)][1] for p in landscape.points
+                                 if id(p) in speed and p.spec.get("method", "none") == "none")
+    scaled: dict[str, list[float]] = {}
+    for p in landscape.points:
+        if id(p) in speed:
+            value, ttft = speed[id(p)]
+            scaled.setdefault(p.spec.get("method", "none"), []).append(value * ttft / base_ttft)
+    ttfts = [t if maximize else 1.0 / t for _, t in speed.values()]
+    out: dict[str, Any] = {
+        "ttft_ms_min": min(ttfts), "ttft_ms_max": max(ttfts),
+        "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in scaled.items()}}
+    raw_err: list[float] = []
+    scaled_err: list[float] = []
+    ratios: list[float] = []
+    for engines in landscape.engines().values():
+        ok = [speed[id(p)] for p in engines if id(p) in speed]
+        if len(ok) < 2:
+            continue
+        raw = [v for v, _ in ok]
+        for values, errs in ((raw, raw_err), ([v * t for v, t in ok], scaled_err)):
+            mean = statistics.fmean(values)
+            errs.extend(abs(v / mean - 1.0) for v in values)
+        ratios.append(max(raw) / min(raw))
+    if ratios:
+        out["spread"] = {"candidates": len(ratios), "single_engine_error": statistics.fmean(raw_err),
+                         "ttft_scaled_single_engine_error": statistics.fmean(scaled_err),
+                         "max_over_min_largest": max(ratios), "max_over_min_median": statistics.median(ratios)}
+    return out
 
 
 def evaluate(args: argparse.Namespace) -> None:
@@ -203,16 +277,20 @@ def evaluate(args: argparse.Namespace) -> None:
         landscape = landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)
     objective = landscape.config().objectives[0]
     sign = 1.0 if objective.maximize else -1.0
-    values = {p.label: v for p in landscape.points if (v := landscape.value(p, objective.value)) is not None}
+    values = _means(landscape, objective.value)
     best_label = max(values, key=lambda k: sign * values[k])
     best = values[best_label]
     good = {k for k, v in values.items() if sign * (v - best) >= -args.tolerance * abs(best)}
-    total = sum(p.engine_seconds for p in landscape.points)
-    n = len(landscape.points)
+    first = list(landscape.by_key().values())
+    total = sum(p.engine_seconds for p in first)  # one engine start per candidate: the grid
+    n = len(first)
+    starts = len(landscape.points) / n
     seeds = list(range(args.seeds))
     results: dict[str, Any] = {}
     with _workdir() as work:
         runs = {"guided": [_strategy(landscape, work, "guided", s, n, objective.value) for s in seeds],
+                "guided_confirm": [_strategy(landscape, work, "guided_confirm", s, n, objective.value, confirm=2)
+                                   for s in seeds],
                 "grid": [_strategy(landscape, work, "grid", 0, n, objective.value)],
                 "random": [_strategy(landscape, work, "random", s, n, objective.value) for s in seeds],
                 "tpe": [_strategy(landscape, work, "tpe", s, n, objective.value) for s in seeds]}
@@ -220,6 +298,7 @@ def evaluate(args: argparse.Namespace) -> None:
     for name, traces in runs.items():
         reach = [_seconds_to_reach(t, good) for t in traces]
         mean[name] = None if None in reach else statistics.fmean(r for r in reach if r is not None)
+        regret = [max(0.0, sign * (best - values[t["chosen"]]) / abs(best)) for t in traces]
         results[name] = {
             "seconds_to_reach": reach,
             "mean_seconds_to_reach": mean[name],
@@ -227,6 +306,9 @@ def evaluate(args: argparse.Namespace) -> None:
             "measured": [len(t["measured"]) for t in traces],
             "total_seconds": [round(sum(t["seconds"]), 1) for t in traces],
             "found": [any(lb in good for lb in t["measured"]) for t in traces],
+            "chosen": [t["chosen"] for t in traces],
+            "regret": regret,
+            "mean_regret": statistics.fmean(regret),
         }
 
     def ratio(other: str) -> float | None:  # null where guided search never got there (it stopped first)
@@ -238,10 +320,10 @@ def evaluate(args: argparse.Namespace) -> None:
         "landscape": str(args.landscape.relative_to(REPO) if args.landscape.is_relative_to(REPO) else args.landscape),
         "evaluated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "objective": objective.value, "tolerance": args.tolerance, "seeds": seeds,
-        "candidates": n, "landscape_engine_seconds": round(total, 1),
+        "candidates": n, "engine_starts_per_candidate": starts, "landscape_engine_seconds": round(total, 1),
         "landscape_window_noise": statistics.fmean(relative_noise(objective, p.measurement) or 0.0
                                                    for p in landscape.points if p.measurement is not None),
-        "engine_speed": _engine_speed(landscape, objective.value),
+        "engine_speed": _engine_speed(landscape, objective.value, objective.maximize),
         "best": {"config": best_label, "value": best,
                  "speedup": best / values.get("none", best) if objective is Objective.OUTPUT_THROUGHPUT else None},
         "within_tolerance": sorted(good),
@@ -249,25 +331,35 @@ def evaluate(args: argparse.Namespace) -> None:
         "random_engine_seconds_ratio": ratio("random"),
         "tpe_engine_seconds_ratio": ratio("tpe"),
         "guided_stop_seconds_ratio": statistics.fmean(results["guided"]["total_seconds"]) / total,
+        "guided_confirm_stop_seconds_ratio": statistics.fmean(results["guided_confirm"]["total_seconds"]) / total,
         "acceptance_length_error": statistics.fmean(e["error"] for e in errors["acceptance_length"]),
         "throughput_error": statistics.fmean(e["error"] for e in errors[objective.value]),
+        "throughput_error_first_engine": statistics.fmean(e["error_first_engine"] for e in errors[objective.value]),
         "strategies": results,
         "guided_trace": runs["guided"][0],
         "prediction_errors": errors,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
-    print(f"landscape: {n} candidates, {total:.0f} engine seconds; best {best_label} ({best:.4g} {objective.value})")
+    print(f"landscape: {n} candidates, {starts:.3g} engine starts each, {total:.0f} engine seconds per grid; "
+          f"best {best_label} ({best:.4g} {objective.value}{', mean over its starts' if starts > 1 else ''})")
     for name, r in results.items():
         took = f"{mean[name]:.0f} s" if mean[name] is not None else "did not"
-        print(f"{name:>7}: {took} to reach within {args.tolerance:.0%} "
-              f"(trials {r['trials_to_reach']}, measured {r['measured']})")
+        print(f"{name:>14}: {took} to reach within {args.tolerance:.0%} "
+              f"(trials {r['trials_to_reach']}, measured {r['measured']}); chose with regret "
+              + " ".join(f"{x:.1%}" for x in r["regret"]))
     print(f"mean window noise of the landscape (MAD / median): {out['landscape_window_noise']:.3f}")
     speed = out["engine_speed"]
     print(f"median TTFT of the same prompts across engines: {speed['ttft_ms_min']:.0f}-{speed['ttft_ms_max']:.0f} ms; "
           "scaled by it, " + ", ".join(f"{k} {v[0]:.3g}-{v[1]:.3g}" for k, v in speed["ttft_scaled_by_method"].items()))
+    if "spread" in speed:
+        sp = speed["spread"]
+        print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
+              f"({sp['ttft_scaled_single_engine_error']:.1%} scaled by its TTFT); max/min of one candidate's "
+              f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}")
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
-                "guided_stop_seconds_ratio", "acceptance_length_error", "throughput_error"):
+                "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
+                "throughput_error", "throughput_error_first_engine"):
         print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (guided search did not reach it)")
     print(f"-> {args.out}")
 
@@ -275,12 +367,16 @@ def evaluate(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="measure every candidate once on real engines")
+    rec = sub.add_parser("record", help="measure every candidate on real engines")
     rec.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="study configuration (YAML)")
     rec.add_argument("--models", type=Path, default=None, help="folder for the tiny models (default: the cache)")
     rec.add_argument("--smollm2", action="store_true",
                      help="SmolLM2-135M-Instruct and its draft (prepared once) instead of the tiny models")
     rec.add_argument("--out", type=Path, default=DEFAULT_LANDSCAPE)
+    rec.add_argument("--starts", type=int, default=1,
+                     help="record the grid this many times: that many engine starts per candidate")
+    rec.add_argument("--append", action="store_true",
+                     help="add the new engine starts to the landscape in --out, if there is one (same study)")
     ev = sub.add_parser("evaluate", help="compare search strategies on a recorded landscape")
     ev.add_argument("landscape", type=Path, nargs="?", default=DEFAULT_LANDSCAPE)
     ev.add_argument("--seeds", type=int, default=5)

@@ -1,4 +1,4 @@
-"""A landscape: every candidate of a space measured once on real engines, kept as a file.
+"""A landscape: every candidate of a space measured on real engines, kept as a file.
 
 Recorded from a grid study (:meth:`Landscape.from_study`), a landscape answers a study again
 without engines: :meth:`Landscape.measurer` replays each candidate's recorded Measurement (or
@@ -6,6 +6,11 @@ its recorded engine failure) in :func:`spectune.study.run_study`, so that search
 (guided, TPE, random, grid) can be compared on the same real numbers, counting the engine
 seconds each one would have spent. The benchmark ``benchmarks/search_efficiency.py`` and the
 tests of guided search use it.
+
+A candidate may hold several engine starts (grid studies recorded more than once and
+:meth:`Landscape.combine`-d): a replayed study then gets the first engine the first time it
+measures the candidate, the second the next time (a confirmation, a re-measurement), and so
+on in turn, as a real study gets a fresh engine each time.
 
 Model paths are kept as recorded; :meth:`Landscape.rebase` points them at another copy of the
 same checkpoints (tiny models are rebuilt deterministically on each machine).
@@ -51,7 +56,8 @@ class LandscapePoint(StrictModel):
 
 
 class Landscape(StrictModel):
-    """Every candidate of one study's space, measured once (see the module docstring)."""
+    """Every candidate of one study's space, measured on one or more engines (see the module
+    docstring); ``points`` holds one point per engine start, the first recorded first."""
 
     format_version: int = FORMAT_VERSION
     recorded_at: dt.datetime
@@ -117,10 +123,48 @@ class Landscape(StrictModel):
         return self.study_config.get("draft")
 
     def point(self, spec: SpecConfig) -> LandscapePoint | None:
+        """The candidate's first recorded engine start."""
         return self.by_key().get(spec_key(spec.to_vllm()))
 
     def by_key(self) -> dict[str, LandscapePoint]:
-        return {p.key: p for p in self.points}
+        """Each candidate's first recorded engine start, in recording order."""
+        return {k: engines[0] for k, engines in self.engines().items()}
+
+    def engines(self) -> dict[str, list[LandscapePoint]]:
+        """Each candidate's recorded engine starts, in recording order."""
+        out: dict[str, list[LandscapePoint]] = {}
+        for p in self.points:
+            out.setdefault(p.key, []).append(p)
+        return out
+
+    @classmethod
+    def combine(cls, landscapes: list[Landscape]) -> Landscape:
+        """One landscape with the engine starts of all of these, which must be of the same study
+        (target, draft, engine, workload, windows, space and objectives) recorded more than once
+        on the same kind of machine.
+
+        Raises:
+            ConfigError: the landscapes differ in one of those, naming it.
+        """
+        if not landscapes:
+            raise ConfigError("no landscape to combine")
+        first = landscapes[0]
+        for other in landscapes[1:]:
+            for key in ("target", "draft", "engine", "workload", "repeats", "space", "objectives", "slo"):
+                if first.study_config.get(key) != other.study_config.get(key):
+                    raise ConfigError(f"cannot combine landscapes of different studies: their {key} differ")
+            if first.hardware() != other.hardware():
+                raise ConfigError(f"cannot combine landscapes of different machines: {first.hardware()} "
+                                  f"and {other.hardware()}")
+        return first.model_copy(update={"points": [p for ls in landscapes for p in ls.points]})
+
+    def hardware(self) -> dict[str, Any] | None:
+        """The machine of the first measured engine start (platform, CPU, cores, GPUs)."""
+        m = next((p.measurement for p in self.points if p.measurement is not None), None)
+        if m is None:
+            return None
+        hw = m.hardware.model_dump(mode="json")
+        return {k: hw.get(k) for k in ("platform", "cpu", "cpu_count", "gpus")}
 
     def value(self, point: LandscapePoint, objective: str) -> float | None:
         """The point's measured value of ``objective`` (None for an engine failure)."""
@@ -163,18 +207,22 @@ class Landscape(StrictModel):
     def measurer(self, spent: list[tuple[str, float]] | None = None) -> Callable[..., Measurement]:
         """A stand-in for :func:`spectune.trial.measure` that answers from this landscape.
 
-        Each call appends ``(label, engine_seconds)`` to ``spent``. A candidate recorded as an
-        engine failure raises EngineError with the recorded reason, as the engine did.
+        The n-th call for a candidate answers from its n-th recorded engine start, in turn when
+        it has fewer. Each call appends ``(label, engine_seconds)`` to ``spent``. An engine start
+        recorded as a failure raises EngineError with the recorded reason, as the engine did.
 
         Raises (from the returned function):
             ConfigError: the candidate is not in the landscape (another space was given).
         """
-        points = self.by_key()
+        engines = self.engines()
+        calls: dict[str, int] = {}
 
         def measure(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
-            p = points.get(spec_key(spec.to_vllm()))
-            if p is None:
+            key = spec_key(spec.to_vllm())
+            if key not in engines:
                 raise ConfigError(f"candidate {spec.label()} is not in the landscape")
+            n = calls[key] = calls.get(key, -1) + 1
+            p = engines[key][n % len(engines[key])]
             if spent is not None:
                 spent.append((p.label, p.engine_seconds))
             if p.measurement is None:
