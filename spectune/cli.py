@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from spectune.results import StudyView
+    from spectune.trial import Measurement
 
 app = typer.Typer(
     name="spectune",
@@ -260,7 +261,10 @@ def predict(
         from spectune.predict import measured_prediction
 
         model = inputs.concurrency_model()
-        measured = [p for m in inputs.measured if (p := measured_prediction(m, inputs.objective)) is not None]
+        first: dict[str, Measurement] = {}  # one row per configuration: its first engine
+        for m in inputs.measured:
+            first.setdefault(m.spec.label(), m)
+        measured = [p for m in first.values() if (p := measured_prediction(m, inputs.objective)) is not None]
         shown = [*measured, *predictions[:top]]  # the measured ones too: how would they do elsewhere?
         scaled = inputs.at_concurrency(shown, levels, model)  # refuses a study without a sweep
         assert model is not None

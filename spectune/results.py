@@ -45,7 +45,11 @@ class TrialRow:
     predicted: float | None = None
     """The first objective as predicted before the trial ran (guided search), if it was."""
     confirms: int | None = None
-    """The trial whose configuration this one measured again on a fresh engine (``confirm``)."""
+    """The trial whose configuration this one measured again on a fresh engine (``confirm``, or
+    guided search's re-measurement of a surprise)."""
+    recheck: bool = False
+    """Measured again by guided search because the first measurement fell outside its predicted
+    interval (:func:`spectune.predict.surprising`), not by ``confirm``."""
 
     @property
     def is_baseline(self) -> bool:
@@ -63,7 +67,8 @@ class TrialRow:
         if self.duplicate_of is not None:
             return f"same candidate as #{self.duplicate_of}"
         if self.confirms is not None:
-            return f"again on a fresh engine, as #{self.confirms}" + (f": {note}" if note else "")
+            why = ", outside its predicted interval" if self.recheck else ""
+            return f"again on a fresh engine, as #{self.confirms}{why}" + (f": {note}" if note else "")
         return note
 
 
@@ -130,10 +135,19 @@ class StudyView:
     def complete(self) -> list[TrialRow]:
         return [r for r in self.rows if r.state == "COMPLETE" and r.values is not None]
 
-    def speculative_measurements(self) -> list[Measurement]:
-        """The stored Measurements of the completed speculative configurations: each one's first
-        trial (a suggestion answered from an earlier trial, or a confirmation, is no new point)."""
-        rows = [c.row for c in self.engines() if not c.row.is_baseline]
+    def measured_rows(self, *, confirmations: bool = True) -> list[TrialRow]:
+        """The completed trials that measured on an engine, in trial order (a suggestion answered
+        from an earlier trial measured nothing). ``confirmations=False`` leaves out ``confirm``'s
+        trials, which run after the search (guided search's own re-measurements stay): what the
+        search itself measured, so that a resumed search does not change course because of them."""
+        return sorted((r for r in self.complete() if r.duplicate_of is None
+                       and (confirmations or r.confirms is None or r.recheck)), key=lambda r: r.number)
+
+    def speculative_measurements(self, *, confirmations: bool = True) -> list[Measurement]:
+        """The stored Measurements of the completed speculative configurations, one per engine
+        that measured each (:meth:`measured_rows`): fits over them average a configuration
+        measured twice."""
+        rows = [r for r in self.measured_rows(confirmations=confirmations) if not r.is_baseline]
         return [m for r in rows if (m := self.store.measurement(r.trial_id)) is not None]
 
     def baseline(self) -> TrialRow | None:
@@ -147,13 +161,12 @@ class StudyView:
         rest = [r for r in self.rows if r not in done]
         return done + rest
 
-    def engines(self) -> list[Engines]:
+    def engines(self, *, confirmations: bool = True) -> list[Engines]:
         """Every completed configuration with its measurements on each engine, in trial order
-        (a suggestion answered from an earlier trial is not a measurement)."""
+        (:meth:`measured_rows`)."""
         groups: dict[str, list[TrialRow]] = {}
-        for r in sorted(self.complete(), key=lambda r: r.number):
-            if r.duplicate_of is None:
-                groups.setdefault(r.config_key, []).append(r)
+        for r in self.measured_rows(confirmations=confirmations):
+            groups.setdefault(r.config_key, []).append(r)
         return [Engines.of(rows) for rows in groups.values()]
 
     def best(self) -> Choice:
@@ -163,8 +176,10 @@ class StudyView:
         objective (the front itself is in the Optuna dashboard and the report). A configuration
         measured on several engines (``confirm``) counts with its mean, its noise with the
         spread between the engines; once a study has confirmations, the speculative
-        configurations compete only if confirmed (all of them when no confirmation completed:
-        the reason then says so).
+        configurations compete only if measured on two engines or more (all of them when no
+        confirmation completed: the reason then says so). A configuration guided search measured
+        again (a surprise) counts as confirmed, but that re-measurement alone does not make a
+        study confirming.
         """
         configs = self.engines()
         base = next((c for c in configs if c.row.is_baseline), None)
@@ -174,7 +189,7 @@ class StudyView:
         if len(self.directions) > 1:
             front = {t.number for t in self.study.best_trials}
             speculative = [c for c in speculative if front.intersection(c.numbers)]
-        confirming = any(r.confirms is not None and not r.is_baseline for r in self.rows)
+        confirming = any(r.confirms is not None and not r.recheck for r in self.rows)
         if confirming:  # a confirmation that failed or has not run leaves its configuration out
             speculative = [c for c in speculative if len(c.values) > 1] or speculative
         candidates = ([base] if base.feasible else []) + speculative
@@ -201,12 +216,13 @@ class StudyView:
                                       f"within the noise band (+-{band:.1%}) of the baseline")
         return choice(best, False, f"{gain:.2f}x the baseline{engines} (noise band +-{band:.1%})")
 
-    def prediction_inputs(self) -> StudyInputs:
+    def prediction_inputs(self, *, confirmations: bool = True) -> StudyInputs:
         """The unmeasured candidates of the study's space, its baseline and its measured trials.
 
         The space is the one stored with the study (``spectune_config``); a candidate counts as
         measured when a trial completed it or its engine failed on it (a trial interrupted, or
-        abandoned by a dead worker, does not count).
+        abandoned by a dead worker, does not count). ``confirmations=False``: the measured
+        trials without ``confirm``'s (:meth:`measured_rows`), as guided search plans on them.
 
         Raises:
             ConfigError: the study was not made by spectune, has no completed baseline, or its
@@ -229,7 +245,7 @@ class StudyView:
         baseline = self.store.measurement(base_row.trial_id)
         if baseline is None:
             raise ConfigError(f"study {self.name}: the baseline trial {base_row.number} has no stored measurement")
-        measured = self.speculative_measurements()
+        measured = self.speculative_measurements(confirmations=confirmations)
         candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
         raw = self.study.user_attrs.get("workload_features")
         features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
@@ -262,7 +278,7 @@ def _row(t: optuna.trial.FrozenTrial, objective: str) -> TrialRow:
         feasible=bool(attrs.get("feasible", True)), duplicate_of=attrs.get("duplicate_of"),
         fail_reason=attrs.get("fail_reason"),
         predicted=predicted if isinstance(predicted, int | float) else None,
-        confirms=attrs.get("confirms"),
+        confirms=attrs.get("confirms"), recheck=bool(attrs.get("recheck")),
     )
 
 

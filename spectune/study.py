@@ -120,7 +120,8 @@ class StudyConfig(StrictModel):
     sampler: Literal["guided", "tpe", "random", "grid"] = Field(
         default="guided",
         description="guided: after the baseline, measure what the acceptance and cost models rank most "
-        "promising or most uncertain, and stop when the rest is predicted clearly worse (one objective; "
+        "promising or most uncertain (a pick measured outside its predicted interval is measured again on "
+        "a fresh engine, beyond the trial budget), and stop when the rest is predicted clearly worse (one objective; "
         "NSGA-II for two, TPE for a space too large to list); tpe (NSGA-II for two objectives); random; "
         "grid: every candidate once, in order.",
     )
@@ -456,6 +457,8 @@ def run_study(
             _enqueue_grid(study, space)  # one at a time: nothing queued is left beyond the budget
         study.optimize(objective, n_trials=1, catch=(EngineError,))
         attempts += 1
+    if guided and not _pending(study) and _enqueue_recheck(study):  # the last pick, past the budget
+        study.optimize(objective, n_trials=1, catch=(EngineError,))
     if config.confirm:
         waiting = _enqueue_confirmations(study, store, url, config.confirm)
         searched = len(finished())
@@ -516,15 +519,18 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     view = StudyView(study, store, url)
     if view.baseline() is None:
         return True
-    inputs = view.prediction_inputs()
+    if _enqueue_recheck(study):  # measured again before anything is fitted on that one engine
+        return True
+    inputs = view.prediction_inputs(confirmations=False)  # the search plans on its own measurements
     busy = {t.user_attrs.get("spec_key") for t in study.get_trials(
         deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}  # other workers' candidates
     todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
     if not todo:
         return True
     sign = 1.0 if inputs.maximize else -1.0
-    # the best measured, at the low end of its own noise: one lucky window does not end the search
-    feasible = [r.values[0] * (1.0 - sign * (r.noise or 0.0)) for r in view.complete() if r.feasible and r.values]
+    # the best measured (mean over its engines), at the low end of its noise: one lucky window
+    # does not end the search
+    feasible = [c.value * (1.0 - sign * c.noise) for c in view.engines(confirmations=False) if c.feasible]
     best = max(feasible, key=lambda v: sign * v) if feasible else -sign * math.inf  # none yet: all could
     step = sum(1 for t in study.get_trials(deepcopy=False) if "guide_reason" in t.user_attrs
                and "retry_of" not in t.user_attrs)
@@ -548,6 +554,32 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
         "prediction_source": p.source, "guide_reason": plan.reason, "guide_step": step,
     })
     return True
+
+
+def _enqueue_recheck(study: optuna.Study) -> bool:
+    """Enqueue a fresh-engine measurement of a guided pick measured outside its predicted interval
+    (:func:`spectune.predict.surprising`) and not measured again yet; whether one was enqueued.
+
+    A re-measurement interrupted by Ctrl-C, or abandoned by a dead worker, does not count; one
+    failed by its engine does (it is data)."""
+    import optuna
+
+    from spectune.predict import surprising
+
+    trials = study.get_trials(deepcopy=False)
+    done = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE)
+    again = {t.user_attrs["confirms"] for t in trials if "confirms" in t.user_attrs and (
+        t.state in done or t.user_attrs.get("fail_reason") not in (None, INTERRUPTED))}
+    for t in trials:
+        a = t.user_attrs
+        if t.state == optuna.trial.TrialState.COMPLETE and "guide_reason" in a and "duplicate_of" not in a \
+                and "confirms" not in a and t.number not in again and t.values \
+                and surprising(a["predicted_low"], a["predicted_high"], t.values[0]):
+            _logger.info("trial %d measured %.4g, outside its predicted interval [%.4g, %.4g]: measuring it again",
+                         t.number, t.values[0], a["predicted_low"], a["predicted_high"])
+            study.enqueue_trial(t.params, user_attrs={"confirms": t.number, "recheck": True})
+            return True
+    return False
 
 
 def _enqueue_grid(study: optuna.Study, space: Any) -> None:
@@ -580,7 +612,8 @@ def _enqueue_confirmations(study: optuna.Study, store: MeasurementStore, url: st
     view = StudyView(study, store, url)
     configs = view.engines()
     sign = 1.0 if view.directions[0] == "maximize" else -1.0
-    # ranked by their first engine, as the search saw them: a resumed study confirms the same ones
+    # ranked by their first engine, as the search met them: a resumed study confirms the same ones
+    # (a configuration guided search already measured twice takes its place without a third)
     ranked = sorted((c for c in configs if c.feasible and not c.row.is_baseline), key=lambda c: -sign * c.values[0])
     if len(view.directions) > 1:  # two objectives: the configurations of the Pareto front
         front = {t.number for t in study.best_trials}

@@ -30,6 +30,7 @@ from spectune.predict import (
     derive_schedule,
     plan_next,
     predict_candidates,
+    surprising,
 )
 from spectune.predict._measured import measured_profile
 from spectune.results import open_study
@@ -74,6 +75,13 @@ def test_plan_takes_the_promising_one_when_nothing_is_uncertain() -> None:
     ranking = [_pred("k1", 120, 119.9, 120.1), _pred("k2", 110, 109.9, 110.1)]
     plan = plan_next(ranking, best=100.0, step=1)
     assert plan.pick is not None and plan.pick.label == "k1" and plan.reason == "promising"
+
+
+def test_a_measurement_is_surprising_outside_its_interval_beyond_the_margin() -> None:
+    assert not surprising(90.0, 110.0, 100.0)
+    assert not surprising(90.0, 110.0, 89.0) and not surprising(90.0, 110.0, 112.0)  # within 2% of an end
+    assert surprising(90.0, 110.0, 88.0) and surprising(90.0, 110.0, 112.5)
+    assert surprising(90.0, 110.0, 95.0, margin=-0.1)
 
 
 # -- the batch-size schedule -----------------------------------------------------------------
@@ -134,6 +142,112 @@ def test_the_landscape_is_a_real_recording_of_every_candidate(landscape: Landsca
         assert m is not None and m.versions.vllm and m.engine.model == config.target
         assert p.engine_seconds > m.startup_seconds > 0
         assert (m.acceptance is None) == (p.spec.get("method", "none") == "none")
+
+
+def _slower(landscape: Landscape, factor: float) -> Landscape:
+    """The landscape as if every engine had run ``factor`` as fast (throughput times ``factor``)."""
+    points = []
+    for p in landscape.points:
+        m = p.measurement
+        if m is not None:
+            windows = [w.model_copy(update={"output_throughput": w.output_throughput * factor}) for w in m.windows]
+            m = m.model_copy(update={"output_throughput": m.output_throughput * factor, "windows": windows})
+        points.append(p.model_copy(update={"measurement": m}))
+    return landscape.model_copy(update={"points": points})
+
+
+def test_a_landscape_with_several_engine_starts_replays_them_in_turn(landscape: Landscape) -> None:
+    from spectune.errors import ConfigError
+
+    two = Landscape.combine([landscape, _slower(landscape, 0.5)])
+    assert len(two.points) == 2 * len(landscape.points)
+    assert all(len(engines) == 2 for engines in two.engines().values())
+    assert two.by_key() == landscape.by_key()  # the first start of each candidate
+    spec = SpecConfig(method=Method.SUFFIX, num_speculative_tokens=8)
+    first = landscape.value(landscape.point(spec), "output_throughput")  # type: ignore[arg-type]
+    spent: list[tuple[str, float]] = []
+    measure = two.measurer(spent)
+    got = [measure(None, spec).output_throughput for _ in range(3)]
+    assert got == pytest.approx([first, first * 0.5, first])
+    assert [label for label, _ in spent] == ["suffix k=8"] * 3
+    other = landscape.model_copy(update={"study_config": {**landscape.study_config,
+                                                          "workload": {"source": "mtbench"}}})
+    with pytest.raises(ConfigError, match="their workload differ"):
+        Landscape.combine([landscape, other])
+
+
+def _slow_once(landscape: Landscape, label: str, spent: list[tuple[str, float]], *, interrupt_after: bool = False):  # noqa: ANN202
+    """The landscape's measurer, but ``label``'s first engine runs at 0.4x; with
+    ``interrupt_after``, Ctrl-C when it is measured again."""
+    from spectune.trial import Measurement
+
+    inner = landscape.measurer(spent)
+    calls: list[str] = []
+
+    def measure(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+        calls.append(spec.label())
+        if interrupt_after and calls.count(label) == 2:
+            raise KeyboardInterrupt
+        m = inner(engine, spec, *args, **kwargs)
+        if spec.label() != label or calls.count(label) > 1:
+            return m
+        windows = [w.model_copy(update={"output_throughput": w.output_throughput * 0.4}) for w in m.windows]
+        return m.model_copy(update={"output_throughput": m.output_throughput * 0.4, "windows": windows})
+
+    return measure
+
+
+def test_a_guided_pick_far_below_its_prediction_is_measured_again_first(landscape: Landscape, tmp_path: Path) -> None:
+    values = _values(landscape)
+    plain: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'p.db'}", study_name="plain", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(plain))
+    pick = plain[1][0]  # the first guided pick, measured on a normal engine: within its interval
+    view = open_study(config.storage, "plain")
+    assert not [r for r in view.rows if r.confirms is not None]
+
+    # the same pick on an engine at 0.4x: measured again at once, Ctrl-C there, then resumed
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "study_name": "slow"})
+    spent: list[tuple[str, float]] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, measure_fn=_slow_once(landscape, pick, spent, interrupt_after=True))
+    assert [label for label, _ in spent] == ["none", pick]
+    run_study(config, measure_fn=landscape.measurer(spent))
+    measured = [label for label, _ in spent]
+    assert measured[:3] == ["none", pick, pick]  # again before any other pick
+    view = open_study(config.storage, "slow")
+    again = [r for r in view.rows if r.confirms is not None and r.state == "COMPLETE"]
+    assert len(again) == 1 and again[0].recheck and again[0].label == pick
+    first = next(r for r in view.rows if r.number == again[0].confirms)
+    assert first.values == pytest.approx([values[pick] * 0.4]) and first.predicted is not None
+    assert first.values[0] < (first.predicted or 0.0)
+    assert "outside its predicted interval" in again[0].note
+    engines = next(c for c in view.engines() if c.row.label == pick)
+    assert engines.values == pytest.approx([values[pick] * 0.4, values[pick]])
+    # a re-measurement is not a confirmation: every configuration still competes, on its mean
+    choice = view.best()
+    top = max((c for c in view.engines() if c.feasible and not c.row.is_baseline), key=lambda c: c.value)
+    assert not choice.is_baseline and choice.row.label == top.row.label != pick
+    assert len(choice.engines) == 1 and "engine" not in choice.reason
+    best = max(values.values())
+    assert {lb for lb in measured if values[lb] >= 0.98 * best}, "the search still reached the best"
+    assert len(set(measured)) == len(measured) - 1  # nothing else measured twice
+
+
+def test_the_last_guided_pick_is_measured_again_past_the_trial_budget(landscape: Landscape, tmp_path: Path) -> None:
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'b.db'}", study_name="budget", sampler="guided",
+                              trials=2, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(spent))
+    pick = spent[1][0]
+    spent.clear()
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}"})
+    result = run_study(config, measure_fn=_slow_once(landscape, pick, spent))
+    assert [label for label, _ in spent] == ["none", pick, pick]
+    assert result.measured == 3
+    view = open_study(config.storage, "budget")
+    assert [r.recheck for r in view.rows] == [False, False, True]
 
 
 def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape: Landscape, tmp_path: Path) -> None:

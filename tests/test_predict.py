@@ -142,6 +142,28 @@ def test_cost_model_recovers_c() -> None:
     assert model.throughput(5.0) == pytest.approx(200.0)
 
 
+def test_a_configuration_measured_on_two_engines_counts_once_with_its_mean() -> None:
+    t0 = 10.0
+    e = {k: leviathan_expected_tokens(0.7, k) for k in (1, 2, 4)}
+
+    def point(k: int, c: float, label: str) -> CostPoint:
+        return CostPoint(Method.SUFFIX, None, k, t0 * (1 + c * k) / e[k], e[k], label, noise=0.01)
+
+    # k=4 on a slow engine (c 0.3) and a fast one (c 0.1): as one configuration at their mean time
+    slow, fast = point(4, 0.3, "k4"), point(4, 0.1, "k4")
+    twice = fit_cost(t0, [point(1, 0.2, "k1"), point(2, 0.2, "k2"), slow, fast])
+    mean = CostPoint(Method.SUFFIX, None, 4, (slow.tpot_ms + fast.tpot_ms) / 2, e[4], "k4", noise=0.01)
+    once = fit_cost(t0, [point(1, 0.2, "k1"), point(2, 0.2, "k2"), mean])
+    assert twice.n == once.n == 3  # configurations, not engines: the overhead is fitted on three
+    assert twice.c == pytest.approx(once.c) and twice.overhead == pytest.approx(once.overhead)
+    assert twice.c == pytest.approx(0.2) and twice.overhead == pytest.approx(0.0, abs=1e-9)
+    # the spread between the two engines widens the interval beyond the windows' 1 %
+    assert twice.high - twice.low > once.high - once.low
+    # unlabelled points are never merged
+    assert fit_cost(t0, [CostPoint(Method.SUFFIX, None, 4, slow.tpot_ms, e[4]),
+                         CostPoint(Method.SUFFIX, None, 4, fast.tpot_ms, e[4])]).n == 2
+
+
 # -- ranking over synthetic measurements -----------------------------------------------------------
 
 _VERSIONS = Versions(spectune="test", vllm=None, torch=None, python="3")

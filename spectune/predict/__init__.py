@@ -31,7 +31,7 @@ from spectune.predict._cost import (
     fit_cost,
     fit_cost_model,
 )
-from spectune.predict._guide import DEFAULT_MARGIN, GuidePlan, could_beat, plan_next
+from spectune.predict._guide import DEFAULT_MARGIN, GuidePlan, could_beat, plan_next, surprising
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
 from spectune.predict._rank import PRIOR_ALPHA, Prediction, StudyInputs, measured_prediction, predict_candidates
 from spectune.predict._replay import ReplayAcceptance, ReplayRequest, replay_ngram, replay_suffix, suffix_available
@@ -78,4 +78,5 @@ __all__ = [
     "replay_ngram",
     "replay_suffix",
     "suffix_available",
+    "surprising",
 ]

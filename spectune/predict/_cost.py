@@ -29,7 +29,9 @@ time does not change (speculation does not touch the prefill).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -120,7 +122,7 @@ def _noise(m: Measurement) -> float:
 class ProposerCost:
     """Cost of one proposer: ``c`` per drafted token (estimate and interval) and the fixed
     ``overhead`` of a speculative step (proposing, rejection sampling; 0 until it can be fitted),
-    how many trials it rests on, where it comes from (``fit``: this proposer's trials;
+    how many configurations it rests on, where it comes from (``fit``: this proposer's trials;
     ``fit-method``: the method's trials with other models; ``prior``: :data:`COST_PRIORS`)."""
 
     c: float
@@ -132,11 +134,36 @@ class ProposerCost:
 
 
 MIN_OVERHEAD_POINTS = 3
-"""Trials, spanning at least one drafted token per step, needed to fit the overhead beside ``c``."""
+"""Configurations, spanning at least one drafted token per step, needed to fit the overhead
+beside ``c``."""
+
+
+def per_configuration(points: Sequence[CostPoint]) -> list[CostPoint]:
+    """One point per configuration (``label``; unlabelled points stay apart): a configuration
+    measured on several engines gets its mean time per token, tokens and drafted tokens per step,
+    and as noise the larger of its windows' (mean) and the spread between its engines (standard
+    deviation over mean of the time per token)."""
+    groups: dict[str, list[CostPoint]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault(p.label or f"#{i}", []).append(p)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        times = [p.tpot_ms for p in group]
+        mean = statistics.fmean(times)
+        drafted = [p.drafted for p in group]
+        out.append(dataclasses.replace(
+            group[0], tpot_ms=mean, tokens_per_step=statistics.fmean(p.tokens_per_step for p in group),
+            drafted=None if None in drafted else statistics.fmean(d for d in drafted if d is not None),
+            noise=max(statistics.fmean(p.noise for p in group), statistics.stdev(times) / mean)))
+    return out
 
 
 def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") -> ProposerCost:
-    """Least squares of ``TPOT E / t0 - 1 = overhead + c d`` over ``points`` (all of one proposer).
+    """Least squares of ``TPOT E / t0 - 1 = overhead + c d`` over ``points`` (all of one proposer;
+    a configuration measured on several engines counts once, :func:`per_configuration`).
 
     With :data:`MIN_OVERHEAD_POINTS` points whose ``d`` span at least 1, both the overhead and
     ``c`` are fitted (a speculative step on a small model or a fast GPU pays a fixed price for
@@ -151,6 +178,7 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") 
         raise ValueError("no measured trials to fit c on")
     if t0_ms <= 0:
         raise ValueError(f"baseline TPOT must be > 0, got {t0_ms}")
+    points = per_configuration(points)
     ds = [p.d for p in points]
     ys = [p.tpot_ms * p.tokens_per_step / t0_ms - 1.0 for p in points]
     overhead = 0.0

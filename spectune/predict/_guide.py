@@ -13,7 +13,13 @@ After the baseline, every unmeasured candidate of the space is predicted
   picks measure each proposer once (at its most uncertain ``k``, usually the largest, whose
   counters then predict every smaller ``k`` by truncation), and the promising picks confirm
   the predicted winners;
-- when nothing is left that could beat the best, the search stops, whatever its trial budget.
+- when nothing is left that could beat the best, the search stops, whatever its trial budget;
+- a pick whose measurement falls outside its predicted interval by more than ``margin``
+  (:func:`surprising`) is measured once more on a fresh engine before the next pick: on a
+  machine where two engine starts of one configuration differ by more than the configurations
+  do, one slow engine would otherwise fit its proposer's cost on that engine alone and skip
+  every other setting of the proposer (one fast engine, everything else). The configuration
+  then counts with its mean, its noise with the spread between its engines.
 
 Pure functions of measurements: :func:`spectune.study.run_study` enqueues the picks as Optuna
 trials (with the prediction stored beside the measurement), and the search-efficiency
@@ -29,7 +35,7 @@ from typing import Literal
 
 from spectune.predict._rank import Prediction
 
-__all__ = ["DEFAULT_MARGIN", "GuidePlan", "plan_next"]
+__all__ = ["DEFAULT_MARGIN", "GuidePlan", "plan_next", "surprising"]
 
 DEFAULT_MARGIN = 0.02
 """A candidate must be able to beat the best measured value by this much (relative) to be
@@ -58,6 +64,12 @@ def could_beat(p: Prediction, best: float, *, maximize: bool, margin: float = DE
     if maximize:
         return p.value.high > best * (1.0 + margin)
     return p.value.low < best * (1.0 - margin)
+
+
+def surprising(low: float, high: float, measured: float, *, margin: float = DEFAULT_MARGIN) -> bool:
+    """Whether ``measured`` falls outside the predicted interval ``[low, high]`` by more than
+    ``margin`` (relative) on either side."""
+    return measured < low * (1.0 - margin) or measured > high * (1.0 + margin)
 
 
 def relative_width(p: Prediction) -> float:
