@@ -14,6 +14,7 @@ from spectune.counters import SpecCounters
 from spectune.predict import (
     AcceptanceProfile,
     CostPoint,
+    Estimate,
     acceptance_rate_at,
     conditional_acceptance,
     expected_tokens_per_step,
@@ -140,6 +141,22 @@ def test_cost_model_recovers_c() -> None:
     assert prior.source == "prior" and prior.low < prior.c < prior.high
     # throughput goes inversely with TPOT at a fixed concurrency
     assert model.throughput(5.0) == pytest.approx(200.0)
+
+
+def test_a_cost_that_does_not_grow_with_drafted_tokens_is_a_flat_overhead() -> None:
+    t0, overhead = 10.0, 0.5
+    # every step costs 1.5 t0 whatever it drafts; the noise tilts the slope slightly down
+    ds_ys = [(0.5, 0.55), (1.0, 0.52), (2.0, 0.50), (3.0, 0.47), (4.0, 0.46)]
+    points = [CostPoint(Method.NGRAM, None, max(1, round(d)), t0 * (1 + y) / 1.5, 1.5, f"p{i}", drafted=d)
+              for i, (d, y) in enumerate(ds_ys)]
+    fitted = fit_cost(t0, points)
+    assert fitted.c == 0.0 and fitted.overhead == pytest.approx(sum(y for _, y in ds_ys) / len(ds_ys))
+    assert abs(fitted.overhead - overhead) < 0.05
+    # a speculative step that drafts half a token is predicted at 1.5 t0, not at 1 + c/2
+    model = fit_cost_model(t0, 100.0, points)
+    tpot = model.predict_tpot(SpecConfig(method=Method.NGRAM, num_speculative_tokens=1),
+                              Estimate(1.5, 1.5, 1.5), drafted=0.5)
+    assert tpot.value == pytest.approx(t0 * (1 + fitted.overhead) / 1.5)
 
 
 def test_a_configuration_measured_on_two_engines_counts_once_with_its_mean() -> None:

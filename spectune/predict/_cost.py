@@ -167,7 +167,8 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") 
 
     With :data:`MIN_OVERHEAD_POINTS` points whose ``d`` span at least 1, both the overhead and
     ``c`` are fitted (a speculative step on a small model or a fast GPU pays a fixed price for
-    proposing and rejection sampling, whatever it drafts); otherwise the overhead is 0 and
+    proposing and rejection sampling, whatever it drafts), with ``c >= 0``: where the slope falls,
+    ``c = 0`` and the overhead is the mean of ``y``; otherwise the overhead is 0 and
     ``c = sum(d y) / sum(d d)``. The interval of ``c`` spans the per-point estimates
     ``(y - overhead) / d``, each widened by its noise (at least :data:`REL_NOISE`).
 
@@ -187,8 +188,9 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") 
         md, my = math.fsum(ds) / len(ds), math.fsum(ys) / len(ys)
         slope = (math.fsum((d - md) * (y - my) for d, y in zip(ds, ys, strict=True))
                  / math.fsum((d - md) ** 2 for d in ds))
-        if slope >= 0.0:
-            c, overhead = slope, my - slope * md
+        # least squares with c >= 0: a falling slope (drafting more made steps no dearer, within
+        # noise) is a flat cost, the overhead alone
+        c, overhead = (slope, my - slope * md) if slope >= 0.0 else (0.0, my)
     each = [(y - overhead) / d for d, y in zip(ds, ys, strict=True)]
     widen = [max(REL_NOISE, p.noise) * p.tpot_ms * p.tokens_per_step / t0_ms / p.d for p in points]
     low = min(min(e - w for e, w in zip(each, widen, strict=True)), c)
@@ -241,13 +243,16 @@ class CostModel:
     def predict_tpot(self, spec: SpecConfig, tokens_per_step: Estimate, drafted: float | None = None) -> Estimate:
         """TPOT of ``spec`` given its tokens per step (an interval) and drafted tokens per step
         (default ``k``): low from the cheapest ``c`` and most tokens, high from the dearest
-        ``c`` and fewest."""
+        ``c`` and fewest. The cheapest step costs no less than a step of the target alone: ``c``
+        goes below 0 only as far as the overhead allows (the interval of a flat cost, ``c = 0``,
+        spans the overheads its trials measured)."""
         cost = self.cost(spec)
         d = drafted if drafted is not None else float(effective_k(spec) or 1)  # own-config k: assume 1
         o = cost.overhead
+        floor = -max(o, 0.0) / d if d > 0 else 0.0
         return Estimate(
             self.tpot_ms(d, cost.c, tokens_per_step.value, o),
-            self.tpot_ms(d, min(max(cost.low, 0.0), cost.c), tokens_per_step.high, o),
+            self.tpot_ms(d, min(max(cost.low, floor), cost.c), tokens_per_step.high, o),
             self.tpot_ms(d, cost.high, tokens_per_step.low, o),
         )
 
