@@ -382,7 +382,10 @@ def run_study(
         spec = space.suggest(trial)
         key = spec_key(spec.to_vllm())
         confirms = trial.user_attrs.get("confirms")
-        number, of = confirming[0] if confirms is not None and confirming else (len(finished()) + 1, total)
+        if confirms is not None and confirming:
+            number, of = confirming[0]
+        else:  # guided search's re-measurement does not advance the count of candidates
+            number, of = len(finished()) + (confirms is None), total
         trial.set_user_attr("config", spec.label())
         trial.set_user_attr("spec", spec.to_vllm() or {"method": "none"})
         trial.set_user_attr("spec_key", key)

@@ -243,9 +243,12 @@ def test_the_last_guided_pick_is_measured_again_past_the_trial_budget(landscape:
     pick = spent[1][0]
     spent.clear()
     config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}"})
-    result = run_study(config, measure_fn=_slow_once(landscape, pick, spent))
+    events: list = []
+    result = run_study(config, measure_fn=_slow_once(landscape, pick, spent), progress=events.append)
     assert [label for label, _ in spent] == ["none", pick, pick]
     assert result.measured == 3
+    ends = [(e.number, e.total, e.label) for e in events if e.kind == "trial_end"]
+    assert ends == [(1, 2, "none"), (2, 2, pick), (2, 2, pick)]  # the re-measurement counts no new candidate
     view = open_study(config.storage, "budget")
     assert [r.recheck for r in view.rows] == [False, False, True]
 
