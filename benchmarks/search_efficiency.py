@@ -311,7 +311,7 @@ def evaluate(args: argparse.Namespace) -> None:
             "mean_regret": statistics.fmean(regret),
         }
 
-    def ratio(other: str) -> float | None:  # null where guided search never got there (it stopped first)
+    def ratio(other: str) -> float | None:  # null where a run of either never got there
         g, o = mean["guided"], mean[other]
         return g / o if g is not None and o else None
 
@@ -360,7 +360,7 @@ def evaluate(args: argparse.Namespace) -> None:
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
                 "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
                 "throughput_error", "throughput_error_first_engine"):
-        print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (guided search did not reach it)")
+        print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (a run never came within tolerance)")
     print(f"-> {args.out}")
 
 
