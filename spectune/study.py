@@ -563,16 +563,13 @@ def _enqueue_recheck(study: optuna.Study) -> bool:
     """Enqueue a fresh-engine measurement of a guided pick measured outside its predicted interval
     (:func:`spectune.predict.surprising`) and not measured again yet; whether one was enqueued.
 
-    A re-measurement interrupted by Ctrl-C, or abandoned by a dead worker, does not count; one
-    failed by its engine does (it is data)."""
+    Which re-measurements count: :func:`_measured_again`."""
     import optuna
 
     from spectune.predict import surprising
 
     trials = study.get_trials(deepcopy=False)
-    done = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE)
-    again = {t.user_attrs["confirms"] for t in trials if "confirms" in t.user_attrs and (
-        t.state in done or t.user_attrs.get("fail_reason") not in (None, INTERRUPTED))}
+    again = _measured_again(trials)
     for t in trials:
         a = t.user_attrs
         if t.state == optuna.trial.TrialState.COMPLETE and "guide_reason" in a and "duplicate_of" not in a \
@@ -583,6 +580,17 @@ def _enqueue_recheck(study: optuna.Study) -> bool:
             study.enqueue_trial(t.params, user_attrs={"confirms": t.number, "recheck": True})
             return True
     return False
+
+
+def _measured_again(trials: Sequence[optuna.trial.FrozenTrial]) -> set[int]:
+    """The trials whose configuration is measured again on a fresh engine (``confirms``), queued,
+    running or done: completed, or failed by its engine (that is data, not retried on resume).
+    One interrupted by Ctrl-C, or abandoned by a dead worker, does not count."""
+    import optuna
+
+    going = (optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE)
+    return {t.user_attrs["confirms"] for t in trials if "confirms" in t.user_attrs
+            and (t.state in going or t.user_attrs.get("fail_reason") not in (None, INTERRUPTED))}
 
 
 def _enqueue_grid(study: optuna.Study, space: Any) -> None:
@@ -623,10 +631,7 @@ def _enqueue_confirmations(study: optuna.Study, store: MeasurementStore, url: st
         ranked = [c for c in ranked if front.intersection(c.numbers)]
     chosen = [c for c in configs if c.row.is_baseline] + ranked[:n]
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-    # queued or running, or failed by its engine (that is data: not again on each resume)
-    done = {t.user_attrs.get("confirms") for t in trials.values() if t.state in (
-        optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING)
-        or (t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED))}
+    done = _measured_again(list(trials.values()))
     for c in chosen:
         if len(c.values) == 1 and c.row.number not in done:
             study.enqueue_trial(trials[c.row.number].params, user_attrs={"confirms": c.row.number})

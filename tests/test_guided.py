@@ -35,6 +35,7 @@ from spectune.predict import (
 from spectune.predict._measured import measured_profile
 from spectune.results import open_study
 from spectune.study import run_study
+from spectune.trial import Measurement
 
 REPO = Path(__file__).resolve().parent.parent
 LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny.json"
@@ -144,15 +145,18 @@ def test_the_landscape_is_a_real_recording_of_every_candidate(landscape: Landsca
         assert (m.acceptance is None) == (p.spec.get("method", "none") == "none")
 
 
+def _scaled(m: Measurement, factor: float) -> Measurement:
+    """``m`` as if its engine had run ``factor`` as fast (throughput times ``factor``, each window's
+    TPOT divided by it)."""
+    windows = [w.model_copy(update={"output_throughput": w.output_throughput * factor,
+                                    "tpot_median_ms": (w.tpot_median_ms or 0.0) / factor}) for w in m.windows]
+    return m.model_copy(update={"output_throughput": m.output_throughput * factor, "windows": windows})
+
+
 def _slower(landscape: Landscape, factor: float) -> Landscape:
-    """The landscape as if every engine had run ``factor`` as fast (throughput times ``factor``)."""
-    points = []
-    for p in landscape.points:
-        m = p.measurement
-        if m is not None:
-            windows = [w.model_copy(update={"output_throughput": w.output_throughput * factor}) for w in m.windows]
-            m = m.model_copy(update={"output_throughput": m.output_throughput * factor, "windows": windows})
-        points.append(p.model_copy(update={"measurement": m}))
+    """The landscape as if every engine had run ``factor`` as fast."""
+    points = [p.model_copy(update={"measurement": p.measurement and _scaled(p.measurement, factor)})
+              for p in landscape.points]
     return landscape.model_copy(update={"points": points})
 
 
@@ -179,8 +183,6 @@ def test_a_landscape_with_several_engine_starts_replays_them_in_turn(landscape: 
 def _slow_once(landscape: Landscape, label: str, spent: list[tuple[str, float]], *, interrupt_after: bool = False):  # noqa: ANN202
     """The landscape's measurer, but ``label``'s first engine runs at 0.4x; with
     ``interrupt_after``, Ctrl-C when it is measured again."""
-    from spectune.trial import Measurement
-
     inner = landscape.measurer(spent)
     calls: list[str] = []
 
@@ -189,10 +191,7 @@ def _slow_once(landscape: Landscape, label: str, spent: list[tuple[str, float]],
         if interrupt_after and calls.count(label) == 2:
             raise KeyboardInterrupt
         m = inner(engine, spec, *args, **kwargs)
-        if spec.label() != label or calls.count(label) > 1:
-            return m
-        windows = [w.model_copy(update={"output_throughput": w.output_throughput * 0.4}) for w in m.windows]
-        return m.model_copy(update={"output_throughput": m.output_throughput * 0.4, "windows": windows})
+        return _scaled(m, 0.4) if spec.label() == label and calls.count(label) == 1 else m
 
     return measure
 
@@ -302,9 +301,7 @@ def test_a_sampler_suggesting_a_measured_candidate_reuses_it(landscape: Landscap
 
 def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, float]]):  # noqa: ANN202
     """The landscape's measurer, but a speculative candidate's second engine runs ``factor`` as fast
-    (throughput times ``factor``, TPOT divided by it)."""
-    from spectune.trial import Measurement
-
+    (:func:`_scaled`)."""
     inner = landscape.measurer(spent)
     seen: set[str] = set()
 
@@ -312,11 +309,7 @@ def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, f
         m = inner(engine, spec, *args, **kwargs)
         again = spec.label() in seen and not spec.is_baseline
         seen.add(spec.label())
-        if not again:
-            return m
-        windows = [w.model_copy(update={"output_throughput": w.output_throughput * factor,
-                                        "tpot_median_ms": (w.tpot_median_ms or 0.0) / factor}) for w in m.windows]
-        return m.model_copy(update={"output_throughput": m.output_throughput * factor, "windows": windows})
+        return _scaled(m, factor) if again else m
 
     return measure
 
