@@ -34,8 +34,9 @@ landscape: mean acceptance length of each (proposer, k) predicted from the other
 baseline (replay, or truncation and extrapolation from the same proposer at other k), and output
 throughput of each speculative candidate predicted from the others' first engine start,
 against its mean (and against its first start). With several starts per candidate it also
-writes how far one engine start lies from its candidate's mean (``engine_spread``): the error
-no prediction from single measurements can go below. Writes
+writes how far one engine start lies from its candidate's mean (``engine_speed.spread``): the error
+no prediction from single measurements can go below, and the cost model fitted on every first
+start (``cost_fit``). Writes
 ``benchmarks/results/search_efficiency.json``::
 
     python benchmarks/search_efficiency.py evaluate                      # the tiny landscape
@@ -221,6 +222,21 @@ def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
     return {"acceptance_length": accept, objective: value}
 
 
+def _cost_fit(landscape: Landscape) -> dict[str, Any]:
+    """The throughput cost model fitted on every candidate's first engine start, per method:
+    ``c`` per drafted token, the fixed ``overhead`` of a speculative step (both relative to a step
+    of the target alone) and how many configurations they rest on."""
+    from spectune.predict import CostPoint, fit_cost_model
+
+    measured = [p.measurement for p in landscape.by_key().values() if p.measurement is not None]
+    base = next(m for m in measured if m.spec.is_baseline)
+    assert base.tpot_ms.median is not None
+    points = [c for m in measured if (c := CostPoint.from_measurement(m, throughput_of=base)) is not None]
+    model = fit_cost_model(base.tpot_ms.median, base.output_throughput, points)
+    return {method.value: {"c": cost.c, "overhead": cost.overhead, "configurations": cost.n}
+            for method, cost in model.methods.items()}
+
+
 def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[str, Any]:
     """How fast each engine was, apart from its configuration: the median TTFT of the same
     prompts (speculation does not touch the prefill), and the objective of each method scaled by
@@ -230,23 +246,24 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     (``single_engine_error``), the same after scaling each start by its TTFT
     (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine), and the largest
     max/min of one candidate's starts."""
-    speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT, or its inverse)
+    def scaled(value: float, ttft: float) -> float:  # a slow engine's throughput up, its latency down
+        return value * ttft if maximize else value / ttft
+
+    speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
     for p in landscape.points:
         value = landscape.value(p, objective)
         if value is not None and p.measurement is not None and p.measurement.ttft_ms.median:
-            ttft = p.measurement.ttft_ms.median
-            speed[id(p)] = (value, ttft if maximize else 1.0 / ttft)
+            speed[id(p)] = (value, p.measurement.ttft_ms.median)
     base_ttft = statistics.fmean(speed[id(p)][1] for p in landscape.points
                                  if id(p) in speed and p.spec.get("method", "none") == "none")
-    scaled: dict[str, list[float]] = {}
+    by_method: dict[str, list[float]] = {}
     for p in landscape.points:
         if id(p) in speed:
             value, ttft = speed[id(p)]
-            scaled.setdefault(p.spec.get("method", "none"), []).append(value * ttft / base_ttft)
-    ttfts = [t if maximize else 1.0 / t for _, t in speed.values()]
+            by_method.setdefault(p.spec.get("method", "none"), []).append(scaled(value, ttft / base_ttft))
     out: dict[str, Any] = {
-        "ttft_ms_min": min(ttfts), "ttft_ms_max": max(ttfts),
-        "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in scaled.items()}}
+        "ttft_ms_min": min(t for _, t in speed.values()), "ttft_ms_max": max(t for _, t in speed.values()),
+        "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in by_method.items()}}
     raw_err: list[float] = []
     scaled_err: list[float] = []
     ratios: list[float] = []
@@ -255,7 +272,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         if len(ok) < 2:
             continue
         raw = [v for v, _ in ok]
-        for values, errs in ((raw, raw_err), ([v * t for v, t in ok], scaled_err)):
+        for values, errs in ((raw, raw_err), ([scaled(v, t) for v, t in ok], scaled_err)):
             mean = statistics.fmean(values)
             errs.extend(abs(v / mean - 1.0) for v in values)
         ratios.append(max(raw) / min(raw))
@@ -324,6 +341,7 @@ def evaluate(args: argparse.Namespace) -> None:
         "landscape_window_noise": statistics.fmean(relative_noise(objective, p.measurement) or 0.0
                                                    for p in landscape.points if p.measurement is not None),
         "engine_speed": _engine_speed(landscape, objective.value, objective.maximize),
+        "cost_fit": _cost_fit(landscape),
         "best": {"config": best_label, "value": best,
                  "speedup": best / values.get("none", best) if objective is Objective.OUTPUT_THROUGHPUT else None},
         "within_tolerance": sorted(good),
@@ -357,6 +375,8 @@ def evaluate(args: argparse.Namespace) -> None:
         print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
               f"({sp['ttft_scaled_single_engine_error']:.1%} scaled by its TTFT); max/min of one candidate's "
               f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}")
+    print("cost of a speculative step, relative to the target's (first starts): " + ", ".join(
+        f"{k} {v['overhead']:.2f} + {v['c']:.3f} per drafted token" for k, v in out["cost_fit"].items()))
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
                 "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
                 "throughput_error", "throughput_error_first_engine"):
