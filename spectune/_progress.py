@@ -98,6 +98,8 @@ class StudyProgress:
         assert isinstance(e, StudyEvent)
         if e.best_label and e.best_speedup is not None:
             self._best = f"best so far: {escape(e.best_label)} ({e.best_speedup:.2f}x)"
+        elif e.kind == "trial_end":  # nothing feasible any more
+            self._best = ""
         best = self._best
         if e.kind == "trial_start":
             if self.enabled:

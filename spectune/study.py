@@ -353,7 +353,8 @@ def run_study(
     retried = {t.user_attrs.get("retry_of") for t in trials}
     for t in trials:  # an interrupted confirmation is queued again by the confirmation phase
         if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried and "confirms" not in t.user_attrs:
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number})
+            guide = {k: v for k, v in t.user_attrs.items() if k in _GUIDE_ATTRS or k.startswith("predicted_")}
+            study.enqueue_trial(t.params, user_attrs={**guide, "retry_of": t.number})  # a guided pick keeps its prediction
 
     counts = {"measured": 0, "failed": 0, "reused": 0}
     primary = config.objectives[0]
@@ -365,15 +366,28 @@ def run_study(
                 return t.values[0]
         return None
 
-    def best_so_far() -> tuple[str | None, float | None]:
-        base = baseline_value()
+    def best_so_far(finishing: optuna.Trial | None = None,
+                    values: list[float] | None = None) -> tuple[str | None, float | None]:
+        """The best feasible configuration so far and its speedup, each configuration at its mean
+        over the engines that measured it (confirmations and re-measurements included), the
+        trial ``finishing`` now with its ``values`` too (it is not COMPLETE until it returns)."""
+        measured = [(t.user_attrs, t.values[0]) for t in study.get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if "duplicate_of" not in t.user_attrs and "spec_key" in t.user_attrs]
+        if finishing is not None and values is not None:
+            measured.append((finishing.user_attrs, values[0]))
+        groups: dict[str, tuple[str | None, list[float], bool]] = {}
+        for attrs, value in measured:
+            label, engines, feasible = groups.get(attrs["spec_key"], (attrs.get("config"), [], True))
+            groups[attrs["spec_key"]] = (label, [*engines, value], feasible and attrs.get("feasible", True))
+        if spec_key(None) not in groups:
+            return None, None
+        base = statistics.fmean(groups[spec_key(None)][1])
         best: tuple[str | None, float | None] = (None, None)
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if not t.user_attrs.get("feasible", True) or base is None or "confirms" in t.user_attrs:
-                continue
-            s = speedup(primary, t.values[0], base)
-            if best[1] is None or s > best[1]:
-                best = (t.user_attrs.get("config"), s)
+        for label, engines, feasible in groups.values():
+            s = speedup(primary, statistics.fmean(engines), base)
+            if feasible and (best[1] is None or s > best[1]):
+                best = (label, s)
         return best
 
     confirming: list[tuple[int, int]] = []  # number and total of the confirmation running (set by its loop)
@@ -441,7 +455,7 @@ def run_study(
                      spec_key=key, measurement=m)
         if spec.is_baseline and confirms is None:  # the target's own outputs: repetition features
             study.set_user_attr("workload_features", _features_with_outputs(prompts, m).model_dump(mode="json"))
-        _finish_event(hook, number, of, spec, "COMPLETE", values, None, best_so_far())
+        _finish_event(hook, number, of, spec, "COMPLETE", values, None, best_so_far(trial, values))
         return values if len(values) > 1 else values[0]
 
     candidates = _count_candidates(space)
@@ -557,6 +571,10 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
         "prediction_source": p.source, "guide_reason": plan.reason, "guide_step": step,
     })
     return True
+
+
+_GUIDE_ATTRS = ("prediction_source", "guide_reason", "guide_step")
+"""A guided pick's attributes beside its ``predicted_*`` ones (:func:`_enqueue_guided`)."""
 
 
 def _enqueue_recheck(study: optuna.Study) -> bool:

@@ -248,8 +248,39 @@ def test_the_last_guided_pick_is_measured_again_past_the_trial_budget(landscape:
     assert result.measured == 3
     ends = [(e.number, e.total, e.label) for e in events if e.kind == "trial_end"]
     assert ends == [(1, 2, "none"), (2, 2, pick), (2, 2, pick)]  # the re-measurement counts no new candidate
+    # the best so far includes the trial finishing, each configuration at its mean over its engines
+    values = _values(landscape)
+    slow, mean = values[pick] * 0.4 / values["none"], values[pick] * 0.7 / values["none"]
+    assert slow < 1 < mean  # slower than the baseline on its first engine, faster on its mean
+    best = [(e.best_label, e.best_speedup) for e in events if e.kind == "trial_end"]
+    assert best == [("none", pytest.approx(1.0)), ("none", pytest.approx(1.0)), (pick, pytest.approx(mean))]
     view = open_study(config.storage, "budget")
     assert [r.recheck for r in view.rows] == [False, False, True]
+
+
+def test_a_guided_pick_interrupted_by_ctrl_c_keeps_its_prediction_on_resume(landscape: Landscape, tmp_path: Path) -> None:
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'a.db'}", study_name="retry", sampler="guided",
+                              trials=2, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(spent))
+    pick = spent[1][0]  # guided search is deterministic: its first pick
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 'r.db'}"})
+    inner = landscape.measurer()
+
+    def interrupted(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+        if spec.label() == pick:
+            raise KeyboardInterrupt
+        return inner(engine, spec, *args, **kwargs)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, measure_fn=interrupted)
+    spent.clear()
+    run_study(config, measure_fn=_slow_once(landscape, pick, spent))
+    # retried with its prediction, measured outside its interval: measured once more
+    assert [label for label, _ in spent] == [pick, pick]
+    rows = [r for r in open_study(config.storage, "retry").rows if r.label == pick]
+    assert [(r.state, r.recheck) for r in rows] == [("FAIL", False), ("COMPLETE", False), ("COMPLETE", True)]
+    assert rows[1].predicted == rows[0].predicted is not None
 
 
 def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape: Landscape, tmp_path: Path) -> None:
