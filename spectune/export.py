@@ -10,6 +10,7 @@ atomically: a failed export leaves an earlier file intact.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ import yaml
 
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError, StorageError
-from spectune.results import Choice, StudyView
+from spectune.results import Choice, StudyView, TrialRow
 
 if TYPE_CHECKING:
     from spectune.trial import Measurement
@@ -89,6 +90,36 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
             "model": basis}
 
 
+def _engine_records(view: StudyView, row: TrialRow) -> list[dict[str, Any]]:
+    """What each engine that measured ``row``'s configuration measured (more than one after
+    ``confirm`` or a re-measurement), ``row``'s first."""
+    group = next((e for e in view.engines() if e.row.number == row.number), None)
+    by_number = {r.number: r for r in view.rows}
+    out = []
+    for number in group.numbers if group is not None else [row.number]:
+        r = by_number[number]
+        m = view.store.measurement(r.trial_id)
+        if m is None:
+            raise StorageError(f"study {view.name}: trial {number} has no stored measurement in spectune_trials")
+        out.append({
+            "trial": number, "started_at": m.started_at.isoformat(),
+            "objectives": dict(zip(view.objectives, r.values or [], strict=False)),
+            "output_throughput": m.output_throughput,
+            "acceptance": m.acceptance.model_dump() if m.acceptance else None,
+            "latency_ms": {"ttft": m.ttft_ms.model_dump(), "tpot": m.tpot_ms.model_dump(),
+                           "e2el": m.e2el_ms.model_dump()},
+            "windows": [w.model_dump() for w in m.windows],
+            "log_path": m.log_path,
+        })
+    return out
+
+
+def _mean_objectives(names: list[str], records: list[dict[str, Any]]) -> dict[str, float]:
+    """Each objective's mean over the engines of ``records`` (what the decision rests on)."""
+    return {name: statistics.fmean(r["objectives"][name] for r in records) for name in names
+            if all(name in r["objectives"] for r in records)}
+
+
 def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None = None) -> ExportResult:
     """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``.
 
@@ -109,6 +140,7 @@ def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None =
         schedule = batch_schedule(view, m, base_m, schedule_max_batch)
         config["speculative-config"]["num_speculative_tokens_per_batch_size"] = \
             schedule["num_speculative_tokens_per_batch_size"]
+    chosen, baseline = _engine_records(view, row), _engine_records(view, choice.baseline)
     objective = view.objectives[0]
     header = [
         f"vllm serve --config {path.name}   (written by spectune)",
@@ -131,15 +163,13 @@ def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None =
         "is_baseline": choice.is_baseline,
         "decision": choice.reason,
         "noise_band": choice.noise_band,
-        "objectives": dict(zip(view.objectives, row.values or [], strict=False)),
+        "objectives": _mean_objectives(view.objectives, chosen),
         "speedup": choice.speedup,
         "engines": {"value": choice.value, "each": choice.engines, "baseline_each": choice.baseline_engines},
+        "measurements": chosen,
         "baseline": {"trial": choice.baseline.number,
-                     "objectives": dict(zip(view.objectives, choice.baseline.values or [], strict=False))},
-        "acceptance": m.acceptance.model_dump() if m.acceptance else None,
-        "latency_ms": {"ttft": m.ttft_ms.model_dump(), "tpot": m.tpot_ms.model_dump(), "e2el": m.e2el_ms.model_dump()},
-        "output_throughput": m.output_throughput,
-        "windows": [w.model_dump() for w in m.windows],
+                     "objectives": _mean_objectives(view.objectives, baseline),
+                     "measurements": baseline},
         "workload": m.workload.model_dump(mode="json"),
         "engine_command": m.command,
         "versions": m.versions.model_dump(),

@@ -106,6 +106,15 @@ def test_confirm_measures_the_best_and_the_baseline_again_on_fresh_engines(grid_
     out = export_best(view, tmp_path / "best.yaml")
     provenance = json.loads(out.provenance_path.read_text())
     assert provenance["engines"]["each"] == chosen and provenance["engines"]["baseline_each"] == base_values
+    # the record holds what each engine measured, and the objectives the decision rests on: the means
+    first = {r.number: r for r in view.rows}
+    for key, values in (("measurements", chosen), ("baseline", base_values)):
+        records = provenance[key] if key == "measurements" else provenance[key]["measurements"]
+        assert [r["objectives"]["output_throughput"] for r in records] == values
+        assert len({r["started_at"] for r in records}) == 2 and all(r["windows"] for r in records)
+        assert [first[r["trial"]].values[0] for r in records] == values
+    assert provenance["objectives"]["output_throughput"] == pytest.approx(choice.value)
+    assert provenance["baseline"]["objectives"]["output_throughput"] == pytest.approx(sum(base_values) / 2)
     # confirmed once: running again measures nothing
     assert run_study(cfg).measured == 0
 
