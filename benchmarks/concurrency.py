@@ -72,7 +72,7 @@ def _held_out(baseline: Any, speculative: list[Any], level: int) -> dict[str, An
         measured = m.at_concurrency(level)
         if measured is None or not measured.tpot_median_ms:
             continue
-        p = measured_prediction(m)
+        p = measured_prediction([m])
         if p is None:
             continue
         row: dict[str, Any] = {"config": m.spec.label(), "measured_throughput": measured.output_throughput,

@@ -261,10 +261,10 @@ def predict(
         from spectune.predict import measured_prediction
 
         model = inputs.concurrency_model()
-        first: dict[str, Measurement] = {}  # one row per configuration: its first engine
+        engines: dict[str, list[Measurement]] = {}  # one row per configuration: its mean over its engines
         for m in inputs.measured:
-            first.setdefault(m.spec.label(), m)
-        measured = [p for m in first.values() if (p := measured_prediction(m, inputs.objective)) is not None]
+            engines.setdefault(m.spec.label(), []).append(m)
+        measured = [p for ms in engines.values() if (p := measured_prediction(ms, inputs.objective)) is not None]
         shown = [*measured, *predictions[:top]]  # the measured ones too: how would they do elsewhere?
         scaled = inputs.at_concurrency(shown, levels, model)  # refuses a study without a sweep
         assert model is not None

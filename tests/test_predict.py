@@ -22,6 +22,7 @@ from spectune.predict import (
     fit_cost_model,
     leviathan_expected_tokens,
     leviathan_improvement,
+    measured_prediction,
     predict_candidates,
     replay_suffix,
     suffix_available,
@@ -235,6 +236,21 @@ def _synthetic_study() -> tuple[Measurement, list[Measurement]]:
     good = SpecConfig(method=Method.DRAFT_MODEL, model="good-draft", num_speculative_tokens=4)
     ngram = SpecConfig(method=Method.NGRAM, num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
     return baseline, [_measurement(good, _tpot(0.1, 4, GOOD), GOOD), _measurement(ngram, _tpot(0.05, 4, POOR), POOR)]
+
+
+def test_a_measured_configuration_is_moved_from_its_mean_over_its_engines() -> None:
+    spec = SpecConfig(method=Method.DRAFT_MODEL, model="good-draft", num_speculative_tokens=4)
+    slow, fast = _measurement(spec, _tpot(0.3, 4, GOOD), GOOD), _measurement(spec, _tpot(0.1, 4, GOOD), GOOD)
+    both = measured_prediction([slow, fast])
+    assert both is not None and both.source == "measured"
+    assert both.output_throughput.value == pytest.approx((slow.output_throughput + fast.output_throughput) / 2)
+    assert both.tpot_ms.value == pytest.approx((slow.tpot_ms.median + fast.tpot_ms.median) / 2)
+    assert both.value.low == both.value.value == both.value.high == both.output_throughput.value
+    one = measured_prediction([slow])
+    assert one is not None and one.value.value == pytest.approx(slow.output_throughput)
+    assert both.mean_acceptance_length == pytest.approx(1 + sum(GOOD))
+    # a baseline has no counters: nothing to move
+    assert measured_prediction([_measurement(SpecConfig(), T0)]) is None
 
 
 def test_ranking_puts_the_clearly_better_candidate_first() -> None:

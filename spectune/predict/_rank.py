@@ -20,6 +20,7 @@ Cost from :class:`~spectune.predict.CostModel` (fitted on the study's measured t
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -88,20 +89,27 @@ class Prediction:
     note: str = ""
 
 
-def measured_prediction(m: Measurement, objective: str = "output_throughput") -> Prediction | None:
-    """A measured speculative trial as a prediction without interval, at its own concurrency
-    (so that it can be moved to others, :meth:`ConcurrencyModel.predict`); None without counters."""
+def measured_prediction(engines: Sequence[Measurement], objective: str = "output_throughput") -> Prediction | None:
+    """A measured speculative configuration as a prediction without interval, at its own
+    concurrency (so that it can be moved to others, :meth:`ConcurrencyModel.predict`): its mean
+    over ``engines``, the measurements of that one configuration on each engine that ran it
+    (acceptance from the first with counters: it does not change between engines). None without counters."""
     from spectune.study import Objective
 
-    profile = measured_profile(m)
-    tpot = m.tpot_ms.median
-    if profile is None or tpot is None:
+    first = next((m for m in engines if measured_profile(m) is not None), engines[0])
+    profile = measured_profile(first)
+    tpots = [m.tpot_ms.median for m in engines]
+    if profile is None or any(t is None for t in tpots):
         return None
-    e, thr, value = profile.tokens_per_step, m.output_throughput, Objective(objective).of(m)
-    return Prediction(label=m.spec.label(), spec=m.spec, source="measured", acceptance_rate=profile.acceptance_rate,
-                      mean_acceptance_length=profile.mean_acceptance_length, tokens_per_step=Estimate(e, e, e),
-                      tpot_ms=Estimate(tpot, tpot, tpot), output_throughput=Estimate(thr, thr, thr),
-                      objective=objective, value=Estimate(value, value, value), cost_source="measured")
+    e = profile.tokens_per_step
+    tpot = statistics.fmean(t for t in tpots if t is not None)
+    thr = statistics.fmean(m.output_throughput for m in engines)
+    value = statistics.fmean(Objective(objective).of(m) for m in engines)
+    return Prediction(label=first.spec.label(), spec=first.spec, source="measured",
+                      acceptance_rate=profile.acceptance_rate, mean_acceptance_length=profile.mean_acceptance_length,
+                      tokens_per_step=Estimate(e, e, e), tpot_ms=Estimate(tpot, tpot, tpot),
+                      output_throughput=Estimate(thr, thr, thr), objective=objective,
+                      value=Estimate(value, value, value), cost_source="measured")
 
 
 # -- acceptance of one candidate --------------------------------------------------------------
