@@ -9,7 +9,10 @@ alternating, measures the same prompts each time and reports how far the engines
     python benchmarks/engine_spread.py --tiny --starts 6
 
 Figures per mode (``pinned``, ``unpinned``): output throughput, median TTFT and TPOT of every
-start, their mean, max/min ratio and coefficient of variation. Writes
+start, their mean, max/min ratio and coefficient of variation. Before and after each start a
+probe times a pure-Python loop and a single-threaded matmul (``probe``, their mean), and
+``probe_correlation`` is the correlation of each probe with the starts' throughput: whether
+the machine's own speed at the time tells a fast engine. Writes
 ``benchmarks/results/engine_spread.json``.
 """
 
@@ -32,6 +35,46 @@ from search_efficiency import _tiny_models, _workdir  # noqa: E402
 from spectune._util import atomic_write_text  # noqa: E402
 
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "engine_spread.json"
+
+
+def _probe() -> dict[str, float]:
+    """How fast this machine is right now, apart from vLLM: a fixed pure-Python loop (the
+    interpreter, which a tiny model's scheduling-bound step depends on) and a single-threaded
+    256x256 float32 matmul, each in operations per second over about 0.3 s."""
+    import time
+
+    import torch
+
+    def rate(work: Any, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            work()
+        return n / (time.perf_counter() - t0)
+
+    def python() -> None:
+        d: dict[int, int] = {}
+        for i in range(2000):
+            d[i % 97] = d.get(i % 97, 0) + i
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a = torch.rand(256, 256)
+        rate(python, 10), rate(lambda: a @ a, 10)  # warm
+        return {"python": rate(python, 1000), "matmul": rate(lambda: a @ a, 1000)}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _correlations(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Pearson correlation of each probe with the throughput over ``rows`` (None where either is constant)."""
+    out: dict[str, float | None] = {}
+    for k in rows[0]["probe"] if rows else ():
+        try:
+            out[k] = statistics.correlation([r["probe"][k] for r in rows], [r["output_throughput"] for r in rows])
+        except statistics.StatisticsError:
+            out[k] = None
+    return out
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -66,12 +109,16 @@ def main() -> None:
         for i in range(args.starts):
             for mode in (("pinned", "unpinned") if i % 2 == 0 else ("unpinned", "pinned")):
                 os.environ[PIN_ENV] = "1" if mode == "pinned" else "0"
+                before = _probe()
                 m = measure(engine, SpecConfig(), workload, prompts, log_dir=work, repeats=2)
+                after = _probe()
                 if m.ttft_ms.median is None or m.tpot_ms.median is None or m.output_throughput <= 0:
                     raise SystemExit(f"error: start {i + 1} ({mode}) measured no latency: {m.num_failed} requests failed")
                 runs[mode].append({"output_throughput": m.output_throughput, "ttft_median_ms": m.ttft_ms.median,
                                    "tpot_median_ms": m.tpot_ms.median,
-                                   "windows": [w.output_throughput for w in m.windows]})
+                                   "windows": [w.output_throughput for w in m.windows],
+                                   "probe": {k: (before[k] + after[k]) / 2 for k in before},
+                                   "probe_before_after": [before, after]})
                 print(f"start {i + 1} {mode}: {m.output_throughput:.1f} tok/s, TTFT {m.ttft_ms.median:.0f} ms, "
                       f"TPOT {m.tpot_ms.median:.1f} ms", file=sys.stderr, flush=True)
     os.environ.pop(PIN_ENV, None)
@@ -89,6 +136,10 @@ def main() -> None:
         print(f"{mode}: throughput mean {result[mode]['output_throughput']['mean']:.1f} tok/s, max/min "
               f"{result[mode]['output_throughput']['max_over_min']:.2f}, cv {result[mode]['output_throughput']['cv']:.3f}; "
               f"TTFT max/min {result[mode]['ttft_median_ms']['max_over_min']:.2f}")
+    # does the machine's speed outside vLLM tell a fast engine? (per mode, and all starts)
+    result["probe_correlation"] = {group: _correlations(rows) for group, rows in
+                                   (*runs.items(), ("all", [r for rows in runs.values() for r in rows]))}
+    print(f"correlation of throughput with the probes: {result['probe_correlation']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(f"-> {args.out}")

@@ -15,6 +15,8 @@ decoding) on the project's tiny models, HumanEval prompts, one request at a time
         --out benchmarks/landscapes/smollm2.json                                     # ~35 min
     python benchmarks/search_efficiency.py record --out benchmarks/landscapes/tiny_epyc.json \
         --starts 2 --append                                                         # ~40 min
+    python benchmarks/search_efficiency.py record --config benchmarks/landscapes/tiny_pinned.yaml \
+        --out benchmarks/landscapes/tiny_pinned.json --starts 2     # SPECTUNE_CPU_PIN=1, ~60 min
 
 ``evaluate``: replay studies on a landscape without engines (``run_study(measure_fn=...)``: the
 real study loop, Optuna and storage, answered from the file; a candidate measured again gets
@@ -237,6 +239,16 @@ def _cost_fit(landscape: Landscape) -> dict[str, Any]:
             for method, cost in model.methods.items()}
 
 
+def _lag1(series: list[float]) -> float | None:
+    """Lag-1 autocorrelation of ``series``: near 0 when each value is on its own, toward 1 when
+    neighbours share a drift."""
+    if len(series) < 3:
+        return None
+    mean = statistics.fmean(series)
+    var = sum((x - mean) ** 2 for x in series)
+    return sum((a - mean) * (b - mean) for a, b in zip(series, series[1:], strict=False)) / var if var else None
+
+
 def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[str, Any]:
     """How fast each engine was, apart from its configuration: the median TTFT of the same
     prompts (speculation does not touch the prefill), and the objective of each method scaled by
@@ -244,8 +256,11 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     the ratio, a latency divided by it). With several engine starts
     per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
     (``single_engine_error``), the same after scaling each start by its TTFT
-    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine), and the largest
-    max/min of one candidate's starts."""
+    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine), the largest
+    max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
+    start's deviation from its candidate's mean with that of the start recorded next, whatever
+    its candidate (near 0: each engine is fast or slow on its own; toward 1: the machine drifts,
+    and starts close in time share it)."""
     def scaled(value: float, ttft: float) -> float:  # a slow engine's throughput up, its latency down
         return value * ttft if maximize else value / ttft
 
@@ -267,19 +282,23 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     raw_err: list[float] = []
     scaled_err: list[float] = []
     ratios: list[float] = []
+    deviations: list[tuple[Any, float]] = []  # (start time, how far that start lies from its mean)
     for engines in landscape.engines().values():
-        ok = [speed[id(p)] for p in engines if id(p) in speed]
+        ok = [(p, speed[id(p)]) for p in engines if id(p) in speed]
         if len(ok) < 2:
             continue
-        raw = [v for v, _ in ok]
-        for values, errs in ((raw, raw_err), ([scaled(v, t) for v, t in ok], scaled_err)):
+        raw = [v for _, (v, _) in ok]
+        for values, errs in ((raw, raw_err), ([scaled(v, t) for _, (v, t) in ok], scaled_err)):
             mean = statistics.fmean(values)
             errs.extend(abs(v / mean - 1.0) for v in values)
+        deviations.extend((p.measurement.started_at, v / statistics.fmean(raw) - 1.0)
+                          for p, (v, _) in ok if p.measurement is not None)
         ratios.append(max(raw) / min(raw))
     if ratios:
         out["spread"] = {"candidates": len(ratios), "single_engine_error": statistics.fmean(raw_err),
                          "ttft_scaled_single_engine_error": statistics.fmean(scaled_err),
-                         "max_over_min_largest": max(ratios), "max_over_min_median": statistics.median(ratios)}
+                         "max_over_min_largest": max(ratios), "max_over_min_median": statistics.median(ratios),
+                         "next_start_correlation": _lag1([d for _, d in sorted(deviations)])}
     return out
 
 
@@ -374,7 +393,9 @@ def evaluate(args: argparse.Namespace) -> None:
         sp = speed["spread"]
         print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
               f"({sp['ttft_scaled_single_engine_error']:.1%} scaled by its TTFT); max/min of one candidate's "
-              f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}")
+              f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}"
+              + (f"; correlation with the next start's deviation {c:.2f}"
+                 if (c := sp["next_start_correlation"]) is not None else ""))
     print("cost of a speculative step, relative to the target's (first starts): " + ", ".join(
         f"{k} {v['overhead']:.2f} + {v['c']:.3f} per drafted token" for k, v in out["cost_fit"].items()))
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",

@@ -31,7 +31,8 @@ __all__ = ["PIN_ENV", "CpuBinding", "Platform", "detect_platform", "cpu_binding"
 PIN_ENV = "SPECTUNE_CPU_PIN"
 """Set to 1 to keep the CPU engine's API server and engine core, and spectune's client, off vLLM's
 compute CPUs (:func:`cpu_binding`). Off by default: on our machines it did not make engines
-steadier (benchmarks/results/engine_spread.json), and a deployment runs vLLM unpinned."""
+steadier (benchmarks/results/engine_spread.json, engine_spread_tiny.json), and a deployment runs
+vLLM unpinned."""
 
 CPU_KV_CACHE_BYTES = 512 * 2**20
 
