@@ -288,10 +288,11 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         if len(ok) < 2:
             continue
         raw = [v for _, (v, _) in ok]
+        raw_mean = statistics.fmean(raw)
         for values, errs in ((raw, raw_err), ([scaled(v, t) for _, (v, t) in ok], scaled_err)):
             mean = statistics.fmean(values)
             errs.extend(abs(v / mean - 1.0) for v in values)
-        deviations.extend((p.measurement.started_at, v / statistics.fmean(raw) - 1.0)
+        deviations.extend((p.measurement.started_at, v / raw_mean - 1.0)
                           for p, (v, _) in ok if p.measurement is not None)
         ratios.append(max(raw) / min(raw))
     if ratios:

@@ -93,10 +93,10 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
 def _engine_records(view: StudyView, row: TrialRow) -> list[dict[str, Any]]:
     """What each engine that measured ``row``'s configuration measured (more than one after
     ``confirm`` or a re-measurement), ``row``'s first."""
-    group = next((e for e in view.engines() if e.row.number == row.number), None)
+    group = next(e for e in view.engines() if e.row.number == row.number)
     by_number = {r.number: r for r in view.rows}
     out = []
-    for number in group.numbers if group is not None else [row.number]:
+    for number in group.numbers:
         r = by_number[number]
         m = view.store.measurement(r.trial_id)
         if m is None:

@@ -23,7 +23,7 @@ import re
 import statistics
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -369,25 +369,21 @@ def run_study(
     def best_so_far(finishing: optuna.Trial | None = None,
                     values: list[float] | None = None) -> tuple[str | None, float | None]:
         """The best feasible configuration so far and its speedup, each configuration at its mean
-        over the engines that measured it (confirmations and re-measurements included), the
-        trial ``finishing`` now with its ``values`` too (it is not COMPLETE until it returns)."""
-        measured = [(t.user_attrs, t.values[0]) for t in study.get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if "duplicate_of" not in t.user_attrs and "spec_key" in t.user_attrs]
+        over the engines that measured it (:meth:`StudyView.engines`), the trial ``finishing`` now
+        with its ``values`` too (it is not COMPLETE until it returns)."""
+        from spectune.results import StudyView
+
+        view = StudyView(study, store, url)
         if finishing is not None and values is not None:
-            measured.append((finishing.user_attrs, values[0]))
-        groups: dict[str, tuple[str | None, list[float], bool]] = {}
-        for attrs, value in measured:
-            label, engines, feasible = groups.get(attrs["spec_key"], (attrs.get("config"), [], True))
-            groups[attrs["spec_key"]] = (label, [*engines, value], feasible and attrs.get("feasible", True))
-        if spec_key(None) not in groups:
-            return None, None
-        base = statistics.fmean(groups[spec_key(None)][1])
+            view.rows = [replace(r, state="COMPLETE", values=values) if r.number == finishing.number else r
+                         for r in view.rows]
+        engines = view.engines()
+        base = next((c.value for c in engines if c.row.is_baseline), None)
         best: tuple[str | None, float | None] = (None, None)
-        for label, engines, feasible in groups.values():
-            s = speedup(primary, statistics.fmean(engines), base)
-            if feasible and (best[1] is None or s > best[1]):
-                best = (label, s)
+        for c in engines if base is not None else ():
+            s = speedup(primary, c.value, base)
+            if c.feasible and (best[1] is None or s > best[1]):
+                best = (c.row.label, s)
         return best
 
     confirming: list[tuple[int, int]] = []  # number and total of the confirmation running (set by its loop)

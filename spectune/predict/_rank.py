@@ -96,8 +96,7 @@ def measured_prediction(engines: Sequence[Measurement], objective: str = "output
     (acceptance from the first with counters: it does not change between engines). None without counters."""
     from spectune.study import Objective
 
-    first = next((m for m in engines if measured_profile(m) is not None), engines[0])
-    profile = measured_profile(first)
+    first, profile = next(((m, p) for m in engines if (p := measured_profile(m)) is not None), (engines[0], None))
     tpots = [m.tpot_ms.median for m in engines]
     if profile is None or any(t is None for t in tpots):
         return None
