@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
@@ -19,10 +20,18 @@ if TYPE_CHECKING:
     from spectune.predict import Prediction, StudyInputs, TrainingTrial
     from spectune.trial import Measurement
 
-__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "measured_trials", "open_study"]
+__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "measured_trials", "open_study", "speedup"]
 
 NOISE_FLOOR = 0.02
 """Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
+
+
+def speedup(maximize: bool, value: float, baseline: float) -> float:
+    """How many times better than the baseline (> 1 is better, for either direction); nan when
+    the ratio is undefined."""
+    if maximize:
+        return value / baseline if baseline > 0 else math.nan
+    return baseline / value if value > 0 else math.nan
 
 
 @dataclass(frozen=True)
@@ -36,6 +45,7 @@ class TrialRow:
     spec: dict[str, Any]
     values: list[float] | None
     speedup: float | None
+    """The first objective against the baseline's mean over its engines (:meth:`StudyView.speedups`)."""
     noise: float | None
     acceptance_rate: float | None
     mean_acceptance_length: float | None
@@ -111,7 +121,7 @@ class Choice:
     value: float = math.nan
     """The first objective the decision rests on: the mean over the configuration's engines."""
     speedup: float | None = None
-    """``value`` against the baseline's mean (> 1 is better, as :func:`spectune.study.speedup`)."""
+    """``value`` against the baseline's mean (> 1 is better, :func:`speedup`)."""
     engines: list[float] = field(default_factory=list)
     """The first objective on each engine that measured the chosen configuration."""
     baseline_engines: list[float] = field(default_factory=list)
@@ -127,6 +137,20 @@ class StudyView:
         self.objectives: list[str] = list(study.user_attrs.get("objectives") or study.metric_names or ["value"])
         self.directions = [d.name.lower() for d in study.directions]
         self.rows = [_row(t, self.objectives[0]) for t in study.get_trials(deepcopy=False)]
+        self.rows = self.speedups()
+
+    @property
+    def maximize(self) -> bool:
+        """Whether the first objective is maximised."""
+        return self.directions[0] == "maximize"
+
+    def speedups(self) -> list[TrialRow]:
+        """:attr:`rows` with each completed trial's speedup against the baseline's mean over the
+        engines that measured it (``confirm`` measures it again); the trial attribute
+        ``speedup`` the dashboard shows is against the baseline known when the trial ran."""
+        base = next((c.value for c in self.engines() if c.row.is_baseline), None)
+        return [replace(r, speedup=None if base is None or not r.values else _finite(speedup(self.maximize, r.values[0], base)))
+                for r in self.rows]
 
     @property
     def name(self) -> str:
@@ -156,7 +180,7 @@ class StudyView:
 
     def sorted_rows(self) -> list[TrialRow]:
         """Completed trials best first by the first objective, then the others by number."""
-        sign = -1.0 if self.directions[0] == "maximize" else 1.0
+        sign = -1.0 if self.maximize else 1.0
         done = sorted(self.complete(), key=lambda r: sign * (r.values or [math.inf])[0])
         rest = [r for r in self.rows if r not in done]
         return done + rest
@@ -181,23 +205,14 @@ class StudyView:
         again (a surprise) counts as confirmed, but that re-measurement alone does not make a
         study confirming.
         """
-        configs = self.engines()
-        base = next((c for c in configs if c.row.is_baseline), None)
+        base, speculative, confirming = self.contenders()
         if base is None:
             raise ConfigError(f"study {self.name} has no completed baseline trial to compare with")
-        speculative = [c for c in configs if c.feasible and not c.row.is_baseline]
-        if len(self.directions) > 1:
-            front = {t.number for t in self.study.best_trials}
-            speculative = [c for c in speculative if front.intersection(c.numbers)]
-        confirming = any(r.confirms is not None and not r.recheck for r in self.rows)
-        if confirming:  # a confirmation that failed or has not run leaves its configuration out
-            speculative = [c for c in speculative if len(c.values) > 1] or speculative
         candidates = ([base] if base.feasible else []) + speculative
-        sign = 1.0 if self.directions[0] == "maximize" else -1.0
+        sign = 1.0 if self.maximize else -1.0
         best = max(candidates, key=lambda c: sign * c.value) if candidates else base
         band = best.noise + base.noise
-        num, den = (best.value, base.value) if sign > 0 else (base.value, best.value)
-        gain = num / den if den > 0 else None  # as spectune.study.speedup
+        gain = _finite(speedup(self.maximize, best.value, base.value))
         engines = (f", mean of {len(best.values)} engines" if len(best.values) > 1
                    else ", on one engine: no speculative configuration was confirmed feasible on a second"
                    if confirming else "")
@@ -215,6 +230,22 @@ class StudyView:
             return choice(base, True, f"the best speculative configuration ({best.row.label}, {sp}{engines}) is "
                                       f"within the noise band (+-{band:.1%}) of the baseline")
         return choice(best, False, f"{gain:.2f}x the baseline{engines} (noise band +-{band:.1%})")
+
+    def contenders(self, *, on_front: Collection[int] = ()) -> tuple[Engines | None, list[Engines], bool]:
+        """What :meth:`best` chooses among: the baseline (None before it completed), the feasible
+        speculative configurations that compete (see there), and whether the study confirms.
+        ``on_front``: trials counted on the Pareto front of two objectives beside Optuna's (one
+        finishing now, which Optuna does not count until it is COMPLETE)."""
+        configs = self.engines()
+        base = next((c for c in configs if c.row.is_baseline), None)
+        speculative = [c for c in configs if c.feasible and not c.row.is_baseline]
+        if len(self.directions) > 1:
+            front = {t.number for t in self.study.best_trials} | set(on_front)
+            speculative = [c for c in speculative if front.intersection(c.numbers)]
+        confirming = any(r.confirms is not None and not r.recheck for r in self.rows)
+        if confirming:  # a confirmation that failed or has not run leaves its configuration out
+            speculative = [c for c in speculative if len(c.values) > 1] or speculative
+        return base, speculative, confirming
 
     def prediction_inputs(self, *, confirmations: bool = True) -> StudyInputs:
         """The unmeasured candidates of the study's space, its baseline and its measured trials.
@@ -251,7 +282,7 @@ class StudyView:
         features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
         others = measured_trials(self.url, skip_study=self.name)  # this study's are loaded above
         learned = LearnedAcceptance.fit(others + [TrainingTrial(m, features) for m in measured])
-        return StudyInputs(candidates, baseline, measured, self.objectives[0], self.directions[0] == "maximize",
+        return StudyInputs(candidates, baseline, measured, self.objectives[0], self.maximize,
                            features, learned)
 
     def predict(self) -> list[Prediction]:
@@ -263,6 +294,10 @@ class StudyView:
             StorageError: the storage cannot be read.
         """
         return self.prediction_inputs().predict()
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _row(t: optuna.trial.FrozenTrial, objective: str) -> TrialRow:

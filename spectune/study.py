@@ -33,6 +33,7 @@ from pydantic import Field, field_validator
 from spectune._util import StrictModel, load_yaml_file, validate
 from spectune.config import EngineArgs, Method, SpecConfig
 from spectune.errors import ConfigError, EngineError
+from spectune.results import speedup
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, spec_key
 from spectune.workloads import Prompt, WorkloadFeatures, WorkloadSpec, compute_features
 
@@ -248,13 +249,6 @@ def headline(m: Measurement) -> dict[str, Any]:
     }
 
 
-def speedup(objective: Objective, value: float, baseline: float) -> float:
-    """How many times better than the baseline (> 1 is better, for either direction)."""
-    if objective.maximize:
-        return value / baseline if baseline > 0 else float("nan")
-    return baseline / value if value > 0 else float("nan")
-
-
 def relative_noise(objective: Objective, m: Measurement) -> float | None:
     """Median absolute deviation over the windows, relative to the median (None for 1 window)."""
     values = objective.window_values(m)
@@ -368,21 +362,21 @@ def run_study(
 
     def best_so_far(finishing: optuna.Trial | None = None,
                     values: list[float] | None = None) -> tuple[str | None, float | None]:
-        """The best feasible configuration so far and its speedup, each configuration at its mean
-        over the engines that measured it (:meth:`StudyView.engines`), the trial ``finishing`` now
-        with its ``values`` too (it is not COMPLETE until it returns)."""
+        """The best feasible configuration so far and its speedup, among the configurations
+        ``show`` and ``export`` would choose from (:meth:`StudyView.contenders`: each at its mean
+        over the engines that measured it; once the study confirms, the confirmed ones), the
+        trial ``finishing`` now with its ``values`` too (it is not COMPLETE until it returns)."""
         from spectune.results import StudyView
 
         view = StudyView(study, store, url)
         if finishing is not None and values is not None:
             view.rows = [replace(r, state="COMPLETE", values=values) if r.number == finishing.number else r
                          for r in view.rows]
-        engines = view.engines()
-        base = next((c.value for c in engines if c.row.is_baseline), None)
+        base, speculative, _ = view.contenders(on_front=[finishing.number] if finishing is not None else [])
         best: tuple[str | None, float | None] = (None, None)
-        for c in engines if base is not None else ():
-            s = speedup(primary, c.value, base)
-            if c.feasible and (best[1] is None or s > best[1]):
+        for c in ([base] if base.feasible else []) + speculative if base is not None else ():
+            s = speedup(primary.maximize, c.value, base.value)
+            if best[1] is None or s > best[1]:
                 best = (c.row.label, s)
         return best
 
@@ -439,7 +433,7 @@ def run_study(
         if spec.is_baseline and confirms is None:
             base = values[0]
         if base is not None:
-            attrs["speedup"] = round(speedup(primary, values[0], base), 4)
+            attrs["speedup"] = round(speedup(primary.maximize, values[0], base), 4)
         attrs["noise"] = relative_noise(primary, m)
         attrs["constraints"] = config.slo.violations(m)
         attrs["feasible"] = all(c <= 0 for c in attrs["constraints"].values())

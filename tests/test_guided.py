@@ -330,17 +330,18 @@ def test_a_sampler_suggesting_a_measured_candidate_reuses_it(landscape: Landscap
     assert len({t.user_attrs["spec_key"] for t in trials}) == len(spent)  # no candidate measured twice
 
 
-def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, float]]):  # noqa: ANN202
+def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, float]],
+                   baseline_factor: float = 1.0):  # noqa: ANN202
     """The landscape's measurer, but a speculative candidate's second engine runs ``factor`` as fast
-    (:func:`_scaled`)."""
+    (:func:`_scaled`), the baseline's ``baseline_factor`` as fast."""
     inner = landscape.measurer(spent)
     seen: set[str] = set()
 
     def measure(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
         m = inner(engine, spec, *args, **kwargs)
-        again = spec.label() in seen and not spec.is_baseline
+        again = spec.label() in seen
         seen.add(spec.label())
-        return _scaled(m, factor) if again else m
+        return _scaled(m, baseline_factor if spec.is_baseline else factor) if again else m
 
     return measure
 
@@ -382,6 +383,36 @@ def test_confirmed_configurations_are_chosen_on_their_mean(landscape: Landscape,
     # confirmed once: resuming measures nothing more
     run_study(config, measure_fn=_second_engine(landscape, factor, spent))
     assert len(spent) == len(measured)
+
+
+def test_progress_and_show_rate_configurations_as_export_does_once_confirmed(landscape: Landscape, tmp_path: Path) -> None:
+    values = _values(landscape)
+    spent: list[tuple[str, float]] = []
+    events: list = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'c.db'}", study_name="confirm", sampler="grid",
+                              trials=len(landscape.points), confirm=2, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=_second_engine(landscape, 0.3, spent, baseline_factor=0.8), progress=events.append)
+    measured = [label for label, _ in spent]
+    searched = measured[: len(set(measured))]
+    top, second = sorted((lb for lb in searched if lb != "none"), key=values.__getitem__, reverse=True)[:2]
+    assert measured[len(searched):] == ["none", top, second]
+    base = values["none"] * 0.9  # the baseline's mean over its two engines
+    top_mean = values[top] * 0.65
+    assert values[second] > top_mean, "the case at hand: on its one engine, the second beats the top's mean"
+    best = [(e.best_label, e.best_speedup) for e in events if e.kind == "trial_end"][len(searched):]
+    # once the top is confirmed, the progress line chooses among the confirmed, as show and export
+    expected = max([("none", 1.0), (top, top_mean / base)], key=lambda x: x[1])
+    assert best[1] == (expected[0], pytest.approx(expected[1]))
+    view = open_study(config.storage, "confirm")
+    choice = view.best()
+    assert choice.baseline_engines == pytest.approx([values["none"], values["none"] * 0.8])
+    # each trial's speedup in show and the report: against the baseline's mean, as the choice's
+    for r in view.complete():
+        assert r.speedup == pytest.approx(r.values[0] / base)
+    assert next(r for r in view.rows if r.label == top).speedup == pytest.approx(values[top] / base)
+    # the dashboard's attribute keeps the baseline known when the trial ran
+    first = next(t for t in view.study.trials if t.user_attrs["config"] == top)
+    assert first.user_attrs["speedup"] == pytest.approx(values[top] / values["none"], rel=1e-3)
 
 
 def test_two_objectives_a_confirmed_configuration_stays_on_the_front(landscape: Landscape, tmp_path: Path) -> None:
