@@ -549,6 +549,11 @@ def test_learned_model_predicts_a_held_out_draft_k_within_its_interval(landscape
     pred = predict_candidates([held.measurement.spec], base, [], learned=model, features={})[0]
     assert pred.source == "learned" and pred.mean_acceptance_length == pytest.approx(profile.mean_acceptance_length)
     assert math.isfinite(pred.value.value)
+    # a configuration measured on two engines counts once: two drafts so measured teach nothing
+    twice = [TrainingTrial(p.measurement, {}) for p in draft[:2] for _ in range(2) if p.measurement is not None]
+    assert len(twice) == 4 and LearnedAcceptance.fit(twice) is None
+    third = LearnedAcceptance.fit(twice + [TrainingTrial(draft[2].measurement, {})])  # type: ignore[arg-type]
+    assert third is not None and third.counts == {Method.DRAFT_MODEL: 3}
 
 
 def test_landscape_load_errors_name_the_file(tmp_path: Path) -> None:

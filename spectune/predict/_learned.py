@@ -29,6 +29,7 @@ from spectune.config import Method, SpecConfig
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
 from spectune.predict._cost import Estimate
 from spectune.predict._measured import effective_k, lookup_window, measured_profile, suffix_params
+from spectune.storage import spec_key
 
 if TYPE_CHECKING:
     from spectune.trial import Measurement
@@ -37,7 +38,8 @@ __all__ = ["LearnedAcceptance", "TrainingTrial"]
 
 
 MIN_TRIALS = 3
-"""Measured trials of a method the model needs before it predicts that method."""
+"""Measured configurations of a method the model needs before it predicts that method (a
+configuration measured on several engines counts once: its acceptance does not change)."""
 
 _METHODS = [m for m in Method if m is not Method.NONE]
 _MISSING = -1.0
@@ -56,6 +58,7 @@ class LearnedAcceptance:
 
     def __init__(self, forest: object, models: list[str], feature_names: list[str],
                  counts: dict[Method, int]) -> None:
+        """``counts``: the distinct configurations of each method the forest learned from."""
         self._forest = forest
         self._models = models
         self._features = feature_names
@@ -63,12 +66,14 @@ class LearnedAcceptance:
 
     @classmethod
     def fit(cls, trials: Sequence[TrainingTrial], *, seed: int = 0) -> LearnedAcceptance | None:
-        """The model of ``trials``; None when no method has :data:`MIN_TRIALS` usable trials."""
+        """The model of ``trials``; None when no method has :data:`MIN_TRIALS` usable configurations."""
         usable = [(t, p) for t in trials if (p := measured_profile(t.measurement)) is not None
                   and p.per_position and not t.measurement.spec.is_baseline]
-        counts: dict[Method, int] = {}
+        configs: dict[Method, set[str]] = {}
         for t, _ in usable:
-            counts[t.measurement.spec.method] = counts.get(t.measurement.spec.method, 0) + 1
+            spec = t.measurement.spec
+            configs.setdefault(spec.method, set()).add(spec_key(spec.to_vllm()))
+        counts = {method: len(keys) for method, keys in configs.items()}
         if not any(n >= MIN_TRIALS for n in counts.values()):
             return None
         from sklearn.ensemble import RandomForestRegressor

@@ -207,7 +207,7 @@ def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Meas
     if learned is not None and learned.knows(spec.method):
         profile, tokens = learned.predict(spec, temperature=baseline.workload.sampling.temperature,
                                           features=features or {})
-        return _Accept("learned", profile, tokens, f"forest over {sum(learned.counts.values())} trials")
+        return _Accept("learned", profile, tokens, f"forest over {sum(learned.counts.values())} configurations")
     return _prior(spec, k)
 
 
