@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from spectune.predict import Prediction, StudyInputs, TrainingTrial
     from spectune.trial import Measurement
 
-__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "measured_trials", "open_study", "speedup"]
+__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "measured_trials", "open_study", "speedup"]
 
 NOISE_FLOOR = 0.02
 """Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
@@ -58,8 +58,10 @@ class TrialRow:
     """The trial whose configuration this one measured again on a fresh engine (``confirm``, or
     guided search's re-measurement of a surprise)."""
     recheck: bool = False
-    """Measured again by guided search because the first measurement fell outside its predicted
-    interval (:func:`spectune.predict.surprising`), not by ``confirm``."""
+    """Measured again by guided search, not by ``confirm``: the first measurement fell outside
+    its predicted interval (:func:`spectune.predict.surprising`), or it was the best measured
+    when the search would have stopped (``recheck_reason``)."""
+    recheck_reason: str | None = None
 
     @property
     def is_baseline(self) -> bool:
@@ -77,7 +79,7 @@ class TrialRow:
         if self.duplicate_of is not None:
             return f"same candidate as #{self.duplicate_of}"
         if self.confirms is not None:
-            why = ", outside its predicted interval" if self.recheck else ""
+            why = f", {self.recheck_reason}" if self.recheck_reason else ", outside its predicted interval" if self.recheck else ""
             return f"again on a fresh engine, as #{self.confirms}{why}" + (f": {note}" if note else "")
         return note
 
@@ -107,6 +109,20 @@ class Engines:
         mean = statistics.fmean(values)
         spread = statistics.stdev(values) / abs(mean) if len(values) > 1 and mean else 0.0
         return cls(rows[0], values, [r.number for r in rows], max(window, spread), all(r.feasible for r in rows))
+
+
+def engine_spread(configs: Sequence[Engines]) -> float | None:
+    """How much engine starts of one configuration differ: the pooled relative standard
+    deviation over the configurations measured on two engines or more (each configuration's
+    variance over its squared mean, weighted by its degrees of freedom); None without any.
+
+    Engines on one machine differ by more than the windows on one engine tell (on the 2-core
+    CPUs of ``benchmarks/``, about 12 %, against 4-6 % between windows): a configuration
+    measured on one engine may owe its lead to its engine."""
+    pairs = [(len(c.values) - 1, statistics.variance(c.values) / c.value ** 2)
+             for c in configs if len(c.values) > 1 and c.value]
+    dof = sum(n for n, _ in pairs)
+    return math.sqrt(sum(n * v for n, v in pairs) / dof) if dof else None
 
 
 @dataclass(frozen=True)
@@ -314,6 +330,7 @@ def _row(t: optuna.trial.FrozenTrial, objective: str) -> TrialRow:
         fail_reason=attrs.get("fail_reason"),
         predicted=predicted if isinstance(predicted, int | float) else None,
         confirms=attrs.get("confirms"), recheck=bool(attrs.get("recheck")),
+        recheck_reason=attrs.get("recheck") if isinstance(attrs.get("recheck"), str) else None,
     )
 
 

@@ -515,13 +515,17 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     """Enqueue the guided plan's next candidate, with its prediction as trial attributes.
 
     False when the search should stop: every candidate left is predicted clearly worse than
-    the best measured (the skipped ones are listed in the study attribute ``guide``). Without a
-    measured baseline there is nothing to predict from and the sampler chooses (True).
+    the best measured, and that best was measured on two engines (the skipped ones are listed
+    in the study attribute ``guide``). A best measured on one engine is measured again first
+    (:data:`RECHECK_BEST`): its lead may be its engine's, and the two engines tell the study how
+    much engines differ (:func:`spectune.results.engine_spread`), which widens the noise of
+    every configuration measured once. Without a measured baseline there is nothing to predict
+    from and the sampler chooses (True).
     """
     import optuna
 
     from spectune.predict import plan_next
-    from spectune.results import StudyView
+    from spectune.results import StudyView, engine_spread
 
     view = StudyView(study, store, url)
     if view.baseline() is None:
@@ -535,20 +539,32 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     if not todo:
         return True
     sign = 1.0 if inputs.maximize else -1.0
-    # the best measured (mean over its engines), at the low end of its noise: one lucky window
-    # does not end the search
-    feasible = [c.value * (1.0 - sign * c.noise) for c in view.engines(confirmations=False) if c.feasible]
-    best = max(feasible, key=lambda v: sign * v) if feasible else -sign * math.inf  # none yet: all could
+    # the best measured (mean over its engines), at the low end of its noise: one lucky window,
+    # or one lucky engine once engines are known to differ, does not end the search
+    engines = view.engines(confirmations=False)
+    spread = engine_spread(engines) or 0.0
+    feasible = [(c.value * (1.0 - sign * (c.noise if len(c.values) > 1 else max(c.noise, spread))), c)
+                for c in engines if c.feasible]
+    top = max(feasible, key=lambda vc: sign * vc[0]) if feasible else None
+    best = top[0] if top else -sign * math.inf  # none feasible yet: every candidate could beat it
     step = sum(1 for t in study.get_trials(deepcopy=False) if "guide_reason" in t.user_attrs
                and "retry_of" not in t.user_attrs)
     plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step)
     study.set_user_attr("guide", {
         "best_measured": best,
+        "engine_spread": spread or None,
         "candidates_left": len(plan.candidates),
         "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                      "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}
                     for p in plan.skipped],
     })
+    trials = study.get_trials(deepcopy=False)
+    if plan.pick is None and top is not None and len(top[1].values) == 1 \
+            and top[1].row.number not in _measured_again(trials):
+        _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top[1].row.label)
+        study.enqueue_trial(next(t for t in trials if t.number == top[1].row.number).params,
+                            user_attrs={"confirms": top[1].row.number, "recheck": RECHECK_BEST})
+        return True
     if plan.pick is None:
         _logger.info("guided search stops: the %d candidates left are predicted clearly worse than %.4g",
                      len(plan.skipped), best)
@@ -562,6 +578,10 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     })
     return True
 
+
+RECHECK_SURPRISE = "outside its predicted interval"
+RECHECK_BEST = "the best when the search would stop"
+"""Why guided search measured a configuration again (trial attribute ``recheck``)."""
 
 _GUIDE_ATTRS = ("prediction_source", "guide_reason", "guide_step")
 """A guided pick's attributes beside its ``predicted_*`` ones (:func:`_enqueue_guided`)."""
@@ -585,7 +605,7 @@ def _enqueue_recheck(study: optuna.Study) -> bool:
                 and surprising(a["predicted_low"], a["predicted_high"], t.values[0]):
             _logger.info("trial %d measured %.4g, outside its predicted interval [%.4g, %.4g]: measuring it again",
                          t.number, t.values[0], a["predicted_low"], a["predicted_high"])
-            study.enqueue_trial(t.params, user_attrs={"confirms": t.number, "recheck": True})
+            study.enqueue_trial(t.params, user_attrs={"confirms": t.number, "recheck": RECHECK_SURPRISE})
             return True
     return False
 

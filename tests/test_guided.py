@@ -34,7 +34,7 @@ from spectune.predict import (
 )
 from spectune.predict._measured import measured_profile
 from spectune.results import open_study
-from spectune.study import run_study
+from spectune.study import RECHECK_BEST, RECHECK_SURPRISE, run_study
 from spectune.trial import Measurement
 
 REPO = Path(__file__).resolve().parent.parent
@@ -204,7 +204,7 @@ def test_a_guided_pick_far_below_its_prediction_is_measured_again_first(landscap
     run_study(config, measure_fn=landscape.measurer(plain))
     pick = plain[1][0]  # the first guided pick, measured on a normal engine: within its interval
     view = open_study(config.storage, "plain")
-    assert not [r for r in view.rows if r.confirms is not None]
+    assert [r.recheck_reason for r in view.rows if r.confirms is not None] == [RECHECK_BEST]  # none a surprise
 
     # the same pick on an engine at 0.4x: measured again at once, Ctrl-C there, then resumed
     config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "study_name": "slow"})
@@ -216,8 +216,8 @@ def test_a_guided_pick_far_below_its_prediction_is_measured_again_first(landscap
     measured = [label for label, _ in spent]
     assert measured[:3] == ["none", pick, pick]  # again before any other pick
     view = open_study(config.storage, "slow")
-    again = [r for r in view.rows if r.confirms is not None and r.state == "COMPLETE"]
-    assert len(again) == 1 and again[0].recheck and again[0].label == pick
+    again = [r for r in view.rows if r.recheck_reason == RECHECK_SURPRISE and r.state == "COMPLETE"]
+    assert again[0].recheck and again[0].label == pick
     first = next(r for r in view.rows if r.number == again[0].confirms)
     assert first.values == pytest.approx([values[pick] * 0.4]) and first.predicted is not None
     assert first.values[0] < (first.predicted or 0.0)
@@ -228,10 +228,11 @@ def test_a_guided_pick_far_below_its_prediction_is_measured_again_first(landscap
     choice = view.best()
     top = max((c for c in view.engines() if c.feasible and not c.row.is_baseline), key=lambda c: c.value)
     assert not choice.is_baseline and choice.row.label == top.row.label != pick
-    assert len(choice.engines) == 1 and "engine" not in choice.reason
+    assert any(len(c.values) == 1 for c in view.engines()) and "confirmed" not in choice.reason
     best = max(values.values())
     assert {lb for lb in measured if values[lb] >= 0.98 * best}, "the search still reached the best"
-    assert len(set(measured)) == len(measured) - 1  # nothing else measured twice
+    twice = [r.label for r in view.rows if r.confirms is not None and r.state == "COMPLETE"]
+    assert len(set(measured)) == len(measured) - len(twice) and len(set(twice)) == len(twice)  # none thrice
 
 
 def test_the_last_guided_pick_is_measured_again_past_the_trial_budget(landscape: Landscape, tmp_path: Path) -> None:
@@ -256,6 +257,40 @@ def test_the_last_guided_pick_is_measured_again_past_the_trial_budget(landscape:
     assert best == [("none", pytest.approx(1.0)), ("none", pytest.approx(1.0)), (pick, pytest.approx(mean))]
     view = open_study(config.storage, "budget")
     assert [r.recheck for r in view.rows] == [False, False, True]
+
+
+def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_engines_differ(
+        landscape: Landscape, tmp_path: Path) -> None:
+    from spectune.results import engine_spread
+
+    values = _values(landscape)
+    plain: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'p.db'}", study_name="plain", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(plain))
+    first = [label for label, _ in plain]
+    top = first[-1]  # its best, measured again: the same recorded start, so the search stops
+    assert first.count(top) == 2 and len(set(first)) == len(first) - 1
+    # the same search where a second engine runs 0.75x as fast: the engines differ by 20 %
+    spent: list[tuple[str, float]] = []
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "study_name": "spread"})
+    run_study(config, measure_fn=_second_engine(landscape, 0.75, spent))
+    measured = [label for label, _ in spent]
+    assert measured[: len(first)] == first  # the same course until its best was measured again
+    assert len(set(measured)) > len(set(first)), "a 20 % spread between engines keeps more candidates alive"
+    view = open_study(config.storage, "spread")
+    again = next(r for r in view.rows if r.confirms is not None)
+    assert again.label == top and again.recheck_reason == RECHECK_BEST and "the best when the search would stop" in again.note
+    engines = view.engines(confirmations=False)
+    spread = view.study.user_attrs["guide"]["engine_spread"]
+    twice = [c for c in engines if len(c.values) > 1]
+    assert spread == pytest.approx(engine_spread(engines)) and spread >= 0.75 * 0.25 / math.sqrt(2)
+    assert all(c.values[1] == pytest.approx(0.75 * c.values[0]) for c in twice)
+    # where it stopped, each configuration measured once counts at the low end of that spread
+    once = [c.value * (1 - max(c.noise, spread)) for c in engines if len(c.values) == 1 and c.feasible]
+    lows = once + [c.value * (1 - c.noise) for c in twice if c.feasible]
+    assert view.study.user_attrs["guide"]["best_measured"] == pytest.approx(max(lows))
+    assert view.best().row.label in {lb for lb in measured if values[lb] >= 0.9 * max(values.values())}
 
 
 def test_a_guided_pick_interrupted_by_ctrl_c_keeps_its_prediction_on_resume(landscape: Landscape, tmp_path: Path) -> None:
@@ -292,15 +327,18 @@ def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape
                               sampler="guided", trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
     result = run_study(config, measure_fn=landscape.measurer(spent))
     measured = [label for label, _ in spent]
-    assert measured[0] == "none" and len(set(measured)) == len(measured)
-    assert len(measured) < len(landscape.points), "the guided search stopped before measuring everything"
+    assert measured[0] == "none" and len(set(measured)) == len(measured) - 1
+    assert len(set(measured)) < len(landscape.points), "the guided search stopped before measuring everything"
     assert good & set(measured), f"no config within 2% of the best ({sorted(good)}) among {measured}"
     first_good = next(i for i, label in enumerate(measured) if label in good)
     assert first_good + 1 < len(landscape.points) // 2
     view = open_study(config.storage, "guided")
-    assert view.best().row.label in good
+    assert view.best().row.label in good and view.best().row.label == measured[-1]  # measured again before it stopped
+    again = [r for r in view.rows if r.confirms is not None]
+    assert [(r.label, r.recheck_reason) for r in again] == [(measured[-1], RECHECK_BEST)]
+    assert view.study.user_attrs["guide"]["engine_spread"] is None  # one recorded start: the same answer
     guided = [t for t in view.study.trials if "guide_reason" in t.user_attrs]
-    assert len(guided) == len(measured) - 1  # every trial after the baseline was a guided pick
+    assert len(guided) == len(measured) - 2  # every trial after the baseline was a guided pick, but the last
     for t in guided:  # the prediction beside the measurement
         assert t.user_attrs["predicted_low"] <= t.user_attrs["predicted_output_throughput"] <= t.user_attrs["predicted_high"]
         assert t.values is not None and t.values[0] == pytest.approx(values[t.user_attrs["config"]])
@@ -309,7 +347,7 @@ def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape
     skipped = {s["config"] for s in guide["skipped"]}
     assert skipped and not skipped & set(measured)
     assert all(s["optimistic"] <= guide["best_measured"] * 1.02 for s in guide["skipped"])
-    assert len(skipped) + len(measured) == len(landscape.points)
+    assert len(skipped) + len(set(measured)) == len(landscape.points)
     assert result.measured == len(measured)
 
 
@@ -350,7 +388,7 @@ def _second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, f
 def test_confirmed_configurations_are_chosen_on_their_mean(landscape: Landscape, tmp_path: Path, factor: float) -> None:
     values = _values(landscape)
     spent: list[tuple[str, float]] = []
-    config = landscape.config(storage=f"sqlite:///{tmp_path / 'c.db'}", study_name="confirm", sampler="guided",
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'c.db'}", study_name="confirm", sampler="grid",
                               trials=len(landscape.points), confirm=1, log_dir=str(tmp_path / "logs"))
     run_study(config, measure_fn=_second_engine(landscape, factor, spent))
     measured = [label for label, _ in spent]
@@ -471,7 +509,7 @@ def test_confirmations_interrupted_by_ctrl_c_run_after_the_search_on_resume(land
             raise KeyboardInterrupt
         return inner(engine, spec, *args, **kwargs)
 
-    config = landscape.config(storage=f"sqlite:///{tmp_path / 'i.db'}", study_name="confirm", sampler="guided",
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'i.db'}", study_name="confirm", sampler="grid",
                               trials=len(landscape.points), confirm=1, log_dir=str(tmp_path / "logs"))
     with pytest.raises(KeyboardInterrupt):
         run_study(config, measure_fn=interrupted)
