@@ -155,7 +155,11 @@ def render_study(view: object, console: Console | None = None) -> None:
                   _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
                   _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(r.note))
     console.print(t)
-    skipped = (view.study.user_attrs.get("guide") or {}).get("skipped") or []
+    guide = view.study.user_attrs.get("guide") or {}
+    skipped = guide.get("skipped") or []
     if skipped:
         console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "
                       f"the best measured (spectune predict ranks them)")
+    if guide.get("engine_spread"):
+        console.print(f"engine starts of one configuration differed by {guide['engine_spread']:.1%} "
+                      "here (pooled over those measured twice): guided search took a configuration measured once as that uncertain")

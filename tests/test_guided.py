@@ -291,6 +291,9 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     lows = once + [c.value * (1 - c.noise) for c in twice if c.feasible]
     assert view.study.user_attrs["guide"]["best_measured"] == pytest.approx(max(lows))
     assert view.best().row.label in {lb for lb in measured if values[lb] >= 0.9 * max(values.values())}
+    console = Console(record=True, width=300, color_system=None)
+    render_study(view, console)
+    assert f"engine starts of one configuration differed by {spread:.1%}" in console.export_text()
 
 
 def test_a_guided_pick_interrupted_by_ctrl_c_keeps_its_prediction_on_resume(landscape: Landscape, tmp_path: Path) -> None:
