@@ -543,10 +543,10 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     # or one lucky engine once engines are known to differ, does not end the search
     engines = view.engines(confirmations=False)
     spread = engine_spread(engines) or 0.0
-    feasible = [(c.value * (1.0 - sign * (c.noise if len(c.values) > 1 else max(c.noise, spread))), c)
-                for c in engines if c.feasible]
-    top = max(feasible, key=lambda vc: sign * vc[0]) if feasible else None
-    best = top[0] if top else -sign * math.inf  # none feasible yet: every candidate could beat it
+    feasible = [c for c in engines if c.feasible]
+    lows = [c.value * (1.0 - sign * (c.noise if len(c.values) > 1 else max(c.noise, spread))) for c in feasible]
+    best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf  # none feasible yet: all could beat it
+    top = max(feasible, key=lambda c: sign * c.value) if feasible else None  # what the study would choose
     step = sum(1 for t in study.get_trials(deepcopy=False) if "guide_reason" in t.user_attrs
                and "retry_of" not in t.user_attrs)
     plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step)
@@ -559,11 +559,10 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
                     for p in plan.skipped],
     })
     trials = study.get_trials(deepcopy=False)
-    if plan.pick is None and top is not None and len(top[1].values) == 1 \
-            and top[1].row.number not in _measured_again(trials):
-        _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top[1].row.label)
-        study.enqueue_trial(next(t for t in trials if t.number == top[1].row.number).params,
-                            user_attrs={"confirms": top[1].row.number, "recheck": RECHECK_BEST})
+    if plan.pick is None and top is not None and len(top.values) == 1 and top.row.number not in _measured_again(trials):
+        _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
+        study.enqueue_trial(next(t for t in trials if t.number == top.row.number).params,
+                            user_attrs={"confirms": top.row.number, "recheck": RECHECK_BEST})
         return True
     if plan.pick is None:
         _logger.info("guided search stops: the %d candidates left are predicted clearly worse than %.4g",
