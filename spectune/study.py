@@ -122,7 +122,8 @@ class StudyConfig(StrictModel):
         default="guided",
         description="guided: after the baseline, measure what the acceptance and cost models rank most "
         "promising or most uncertain (a pick measured outside its predicted interval is measured again on "
-        "a fresh engine, beyond the trial budget), and stop when the rest is predicted clearly worse (one objective; "
+        "a fresh engine, beyond the trial budget), and stop when the rest is predicted clearly worse, after "
+        "measuring the best again on a fresh engine (the engines' spread then widens the noise; one objective; "
         "NSGA-II for two, TPE for a space too large to list); tpe (NSGA-II for two objectives); random; "
         "grid: every candidate once, in order.",
     )

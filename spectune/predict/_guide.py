@@ -13,7 +13,12 @@ After the baseline, every unmeasured candidate of the space is predicted
   picks measure each proposer once (at its most uncertain ``k``, usually the largest, whose
   counters then predict every smaller ``k`` by truncation), and the promising picks confirm
   the predicted winners;
-- when nothing is left that could beat the best, the search stops, whatever its trial budget;
+- when nothing is left that could beat the best, the search stops, whatever its trial budget,
+  but first measures the configuration it would choose once more on a fresh engine, if it was
+  measured once (its lead may be its engine's); the configurations measured twice give the
+  spread between engines (:func:`spectune.results.engine_spread`), and "the best so far" is
+  then each configuration measured once at the low end of that spread, so a machine whose
+  engines differ by more than the configurations do keeps the search going;
 - a pick whose measurement falls outside its predicted interval by more than ``margin``
   (:func:`surprising`) is measured once more on a fresh engine before the next pick: on a
   machine where two engine starts of one configuration differ by more than the configurations
