@@ -95,7 +95,8 @@ class Engines:
     """The trials, the first one (``row``) first."""
     noise: float
     """Relative noise: the windows' (mean over engines, :data:`NOISE_FLOOR` when unknown), or
-    the spread between engines (standard deviation over mean) when that is larger."""
+    the spread between engines (standard deviation over mean) when that is larger; measured on
+    one engine, at least the study's :func:`engine_spread` (:meth:`StudyView.engines`)."""
     feasible: bool
 
     @property
@@ -203,11 +204,15 @@ class StudyView:
 
     def engines(self, *, confirmations: bool = True) -> list[Engines]:
         """Every completed configuration with its measurements on each engine, in trial order
-        (:meth:`measured_rows`)."""
+        (:meth:`measured_rows`). Once some configuration was measured on two engines, one
+        measured on a single engine is as uncertain as engines differ: its noise is at least
+        :func:`engine_spread`."""
         groups: dict[str, list[TrialRow]] = {}
         for r in self.measured_rows(confirmations=confirmations):
             groups.setdefault(r.config_key, []).append(r)
-        return [Engines.of(rows) for rows in groups.values()]
+        configs = [Engines.of(rows) for rows in groups.values()]
+        spread = engine_spread(configs) or 0.0
+        return [replace(c, noise=max(c.noise, spread)) if len(c.values) == 1 else c for c in configs]
 
     def best(self) -> Choice:
         """The best feasible configuration, or the baseline when nothing beats it beyond noise.

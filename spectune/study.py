@@ -542,10 +542,10 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     sign = 1.0 if inputs.maximize else -1.0
     # the best measured (mean over its engines), at the low end of its noise: one lucky window,
     # or one lucky engine once engines are known to differ, does not end the search
-    engines = view.engines(confirmations=False)
-    spread = engine_spread(engines) or 0.0
+    engines = view.engines(confirmations=False)  # measured once: noise at least the engines' spread
+    spread = engine_spread(engines)
     feasible = [c for c in engines if c.feasible]
-    lows = [c.value * (1.0 - sign * (c.noise if len(c.values) > 1 else max(c.noise, spread))) for c in feasible]
+    lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
     best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf  # none feasible yet: all could beat it
     top = max(feasible, key=lambda c: sign * c.value) if feasible else None  # what the study would choose
     step = sum(1 for t in study.get_trials(deepcopy=False) if "guide_reason" in t.user_attrs
@@ -553,7 +553,7 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step)
     study.set_user_attr("guide", {
         "best_measured": best,
-        "engine_spread": spread or None,
+        "engine_spread": spread,
         "candidates_left": len(plan.candidates),
         "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                      "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}

@@ -286,11 +286,18 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     twice = [c for c in engines if len(c.values) > 1]
     assert spread == pytest.approx(engine_spread(engines)) and spread >= 0.75 * 0.25 / math.sqrt(2)
     assert all(c.values[1] == pytest.approx(0.75 * c.values[0]) for c in twice)
-    # where it stopped, each configuration measured once counts at the low end of that spread
-    once = [c.value * (1 - max(c.noise, spread)) for c in engines if len(c.values) == 1 and c.feasible]
-    lows = once + [c.value * (1 - c.noise) for c in twice if c.feasible]
+    # each configuration measured once is as uncertain as engines differ: the search stopped on the
+    # low ends, and the choice's noise band holds the baseline's engine too
+    once = [c for c in engines if len(c.values) == 1]
+    assert all(c.noise == pytest.approx(max(c.row.noise or 0.02, spread)) for c in once)
+    lows = [c.value * (1 - c.noise) for c in engines if c.feasible]
     assert view.study.user_attrs["guide"]["best_measured"] == pytest.approx(max(lows))
-    assert view.best().row.label in {lb for lb in measured if values[lb] >= 0.9 * max(values.values())}
+    choice = view.best()
+    assert choice.row.label in {lb for lb in measured if values[lb] >= 0.9 * max(values.values())}
+    base = next(c for c in engines if c.row.is_baseline)
+    chosen = next(c for c in engines if c.row.number == choice.row.number)
+    assert len(base.values) == 1 and base.noise >= spread
+    assert choice.noise_band == pytest.approx(chosen.noise + base.noise)
     console = Console(record=True, width=300, color_system=None)
     render_study(view, console)
     assert f"engine starts of one configuration differed by {spread:.1%}" in console.export_text()
@@ -339,7 +346,7 @@ def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape
     assert view.best().row.label in good and view.best().row.label == measured[-1]  # measured again before it stopped
     again = [r for r in view.rows if r.confirms is not None]
     assert [(r.label, r.recheck_reason) for r in again] == [(measured[-1], RECHECK_BEST)]
-    assert view.study.user_attrs["guide"]["engine_spread"] is None  # one recorded start: the same answer
+    assert view.study.user_attrs["guide"]["engine_spread"] == 0.0  # one recorded start: the same answer
     guided = [t for t in view.study.trials if "guide_reason" in t.user_attrs]
     assert len(guided) == len(measured) - 2  # every trial after the baseline was a guided pick, but the last
     for t in guided:  # the prediction beside the measurement
