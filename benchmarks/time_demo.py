@@ -68,7 +68,7 @@ def main() -> None:
             "trials": trials,
             "trial_seconds": round(sum(t["seconds"] or 0 for t in trials), 1),
             "skipped_by_guided_search": len((view.study.user_attrs.get("guide") or {}).get("skipped") or []),
-            "best": {"config": choice.row.label, "speedup": choice.row.speedup, "reason": choice.reason},
+            "best": {"config": choice.row.label, "speedup": choice.speedup, "reason": choice.reason},
             "hardware": hardware().model_dump(),
             "stdout_tail": proc.stdout[-1500:],
         }

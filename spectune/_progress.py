@@ -138,7 +138,7 @@ def render_study(view: object, console: Console | None = None) -> None:
     """The trials of a study as a table, best first."""
     from rich.markup import escape
 
-    from spectune.results import StudyView
+    from spectune.results import StudyView, engine_spread
 
     assert isinstance(view, StudyView)
     console = console or Console()
@@ -160,6 +160,9 @@ def render_study(view: object, console: Console | None = None) -> None:
     if skipped:
         console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "
                       f"the best measured (spectune predict ranks them)")
-    if guide.get("engine_spread"):
-        console.print(f"engine starts of one configuration differed by {guide['engine_spread']:.1%} "
-                      "here (pooled over those measured twice): guided search took a configuration measured once as that uncertain")
+    configs = view.engines()
+    spread = engine_spread(configs)
+    if spread:
+        twice = sum(1 for c in configs if len(c.values) > 1)
+        console.print(f"engine starts of one configuration differed by {spread:.1%} here (pooled over the {twice} "
+                      "measured on two engines or more): a configuration measured on one is taken as that uncertain")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, replace
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
@@ -56,7 +56,7 @@ class TrialRow:
     """The first objective as predicted before the trial ran (guided search), if it was."""
     confirms: int | None = None
     """The trial whose configuration this one measured again on a fresh engine (``confirm``, or
-    guided search's re-measurement of a surprise)."""
+    guided search's re-measurement: of a surprise, or of its best before it stops)."""
     recheck: bool = False
     """Measured again by guided search, not by ``confirm``: the first measurement fell outside
     its predicted interval (:func:`spectune.predict.surprising`), or it was the best measured
@@ -119,7 +119,10 @@ def engine_spread(configs: Sequence[Engines]) -> float | None:
 
     Engines on one machine differ by more than the windows on one engine tell (on the 2-core
     CPUs of ``benchmarks/``, about 12 %, against 4-6 % between windows): a configuration
-    measured on one engine may owe its lead to its engine."""
+    measured on one engine may owe its lead to its engine. Guided search's re-measurements of
+    surprises count too: they are chosen for a first engine far from its prediction, which
+    inflates the figure, but on a machine where one engine start can land that far, a
+    configuration measured once is that uncertain."""
     pairs = [(len(c.values) - 1, statistics.variance(c.values) / c.value ** 2)
              for c in configs if len(c.values) > 1 and c.value]
     dof = sum(n for n, _ in pairs)
@@ -223,8 +226,10 @@ class StudyView:
         spread between the engines; once a study has confirmations, the speculative
         configurations compete only if measured on two engines or more (all of them when no
         confirmation completed: the reason then says so). A configuration guided search measured
-        again (a surprise) counts as confirmed, but that re-measurement alone does not make a
-        study confirming.
+        again (a surprise, or its best before it stopped) counts as confirmed, but that
+        re-measurement alone does not make a study confirming. Once some configuration was
+        measured on two engines, one measured on a single engine (the baseline included) is as
+        noisy as engines differ (:meth:`engines`).
         """
         base, speculative, confirming = self.contenders()
         if base is None:

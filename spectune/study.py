@@ -123,7 +123,8 @@ class StudyConfig(StrictModel):
         description="guided: after the baseline, measure what the acceptance and cost models rank most "
         "promising or most uncertain (a pick measured outside its predicted interval is measured again on "
         "a fresh engine, beyond the trial budget), and stop when the rest is predicted clearly worse, after "
-        "measuring the best again on a fresh engine (the engines' spread then widens the noise; one objective; "
+        "measuring the best again on a fresh engine (the engines' spread then widens the noise; a search "
+        "ended by the trial budget does not: --confirm does; one objective; "
         "NSGA-II for two, TPE for a space too large to list); tpe (NSGA-II for two objectives); random; "
         "grid: every candidate once, in order.",
     )
@@ -579,9 +580,10 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     return True
 
 
+# Why guided search measured a configuration again (trial attribute ``recheck``; True in studies
+# of spectune before session 7, meaning a surprise).
 RECHECK_SURPRISE = "outside its predicted interval"
 RECHECK_BEST = "the best when the search would stop"
-"""Why guided search measured a configuration again (trial attribute ``recheck``)."""
 
 _GUIDE_ATTRS = ("prediction_source", "guide_reason", "guide_step")
 """A guided pick's attributes beside its ``predicted_*`` ones (:func:`_enqueue_guided`)."""

@@ -303,6 +303,40 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     assert f"engine starts of one configuration differed by {spread:.1%}" in console.export_text()
 
 
+def test_the_best_measured_again_before_the_stop_is_measured_once_after_ctrl_c(landscape: Landscape, tmp_path: Path) -> None:
+    import optuna
+
+    spent: list[tuple[str, float]] = []
+    inner = landscape.measurer(spent)
+    calls: list[str] = []
+
+    def interrupted(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+        calls.append(spec.label())
+        if calls.count(spec.label()) == 2:  # the best, measured again before the search stops
+            raise KeyboardInterrupt
+        return inner(engine, spec, *args, **kwargs)
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'c.db'}", study_name="stop", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, measure_fn=interrupted)
+    top = calls[-1]
+    run_study(config, measure_fn=inner)
+    measured = [label for label, _ in spent]
+    assert measured.count(top) == 2 and len(set(measured)) == len(measured) - 1  # once more, nothing else again
+    view = open_study(config.storage, "stop")
+    again = [(r.state, r.fail_reason, r.recheck_reason) for r in view.rows if r.confirms is not None]
+    assert again == [("FAIL", "interrupted", RECHECK_BEST), ("COMPLETE", None, RECHECK_BEST)]
+    # a study of an earlier spectune stored a surprise's re-measurement as recheck=True
+    old = optuna.create_study(study_name="old", storage=config.storage)
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    for attrs in ({"config": "ngram k=2", "spec": spec}, {"config": "ngram k=2", "spec": spec, "confirms": 0, "recheck": True}):
+        old.add_trial(optuna.trial.create_trial(value=100.0, user_attrs=attrs))
+    row = open_study(config.storage, "old").rows[1]
+    assert row.recheck and row.recheck_reason is None
+    assert row.note == "again on a fresh engine, as #0, outside its predicted interval"
+
+
 def test_a_guided_pick_interrupted_by_ctrl_c_keeps_its_prediction_on_resume(landscape: Landscape, tmp_path: Path) -> None:
     spent: list[tuple[str, float]] = []
     config = landscape.config(storage=f"sqlite:///{tmp_path / 'a.db'}", study_name="retry", sampler="guided",
@@ -602,6 +636,10 @@ def test_learned_model_predicts_a_held_out_draft_k_within_its_interval(landscape
     assert len(twice) == 4 and LearnedAcceptance.fit(twice) is None
     third = LearnedAcceptance.fit(twice + [TrainingTrial(draft[2].measurement, {})])  # type: ignore[arg-type]
     assert third is not None and third.counts == {Method.DRAFT_MODEL: 3}
+    # on another workload (its features) the same configuration counts again
+    other = [TrainingTrial(t.measurement, {"output_in_prompt_words.n2": 0.5}) for t in twice[::2]]
+    fourth = LearnedAcceptance.fit(twice + other)
+    assert fourth is not None and fourth.counts == {Method.DRAFT_MODEL: 4}
 
 
 def test_landscape_load_errors_name_the_file(tmp_path: Path) -> None:

@@ -39,7 +39,8 @@ __all__ = ["LearnedAcceptance", "TrainingTrial"]
 
 MIN_TRIALS = 3
 """Measured configurations of a method the model needs before it predicts that method (a
-configuration measured on several engines counts once: its acceptance does not change)."""
+configuration measured on several engines counts once: its acceptance does not change; on
+another workload or temperature it counts again)."""
 
 _METHODS = [m for m in Method if m is not Method.NONE]
 _MISSING = -1.0
@@ -69,10 +70,11 @@ class LearnedAcceptance:
         """The model of ``trials``; None when no method has :data:`MIN_TRIALS` usable configurations."""
         usable = [(t, p) for t in trials if (p := measured_profile(t.measurement)) is not None
                   and p.per_position and not t.measurement.spec.is_baseline]
-        configs: dict[Method, set[str]] = {}
-        for t, _ in usable:
-            spec = t.measurement.spec
-            configs.setdefault(spec.method, set()).add(spec_key(spec.to_vllm()))
+        configs: dict[Method, set[tuple[object, ...]]] = {}
+        for t, _ in usable:  # one configuration on one workload, however many engines measured it
+            m = t.measurement
+            configs.setdefault(m.spec.method, set()).add(
+                (spec_key(m.spec.to_vllm()), m.workload.sampling.temperature, tuple(sorted(t.features.items()))))
         counts = {method: len(keys) for method, keys in configs.items()}
         if not any(n >= MIN_TRIALS for n in counts.values()):
             return None
