@@ -164,5 +164,5 @@ def render_study(view: object, console: Console | None = None) -> None:
     spread = engine_spread(configs)
     if spread:
         twice = sum(1 for c in configs if len(c.values) > 1)
-        console.print(f"engine starts of one configuration differed by {spread:.1%} here (pooled over the {twice} "
+        console.print(f"engine starts of one configuration differ by {spread:.1%} here (pooled over the {twice} "
                       "measured on two engines or more): a configuration measured on one is taken as that uncertain")

@@ -163,6 +163,7 @@ def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None =
         "is_baseline": choice.is_baseline,
         "decision": choice.reason,
         "noise_band": choice.noise_band,
+        "engine_spread": choice.engine_spread,
         "objectives": _mean_objectives(view.objectives, chosen),
         "speedup": choice.speedup,
         "engines": {"value": choice.value, "each": choice.engines, "baseline_each": choice.baseline_engines},

@@ -145,6 +145,9 @@ class Choice:
     engines: list[float] = field(default_factory=list)
     """The first objective on each engine that measured the chosen configuration."""
     baseline_engines: list[float] = field(default_factory=list)
+    engine_spread: float | None = None
+    """How much engine starts of one configuration differ in this study (:func:`engine_spread`;
+    None until one was measured twice): the least noise of a configuration measured once."""
 
 
 class StudyView:
@@ -243,9 +246,11 @@ class StudyView:
                    else ", on one engine: no speculative configuration was confirmed feasible on a second"
                    if confirming else "")
 
+        spread = engine_spread(self.engines())
+
         def choice(c: Engines, is_baseline: bool, reason: str) -> Choice:
             return Choice(c.row, base.row, is_baseline, reason, band, c.value,
-                          1.0 if c is base else gain, c.values, base.values)
+                          1.0 if c is base else gain, c.values, base.values, spread)
 
         if best is base:
             return choice(base, True, "no speculative configuration measured better than the baseline")

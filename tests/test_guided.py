@@ -300,7 +300,17 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     assert choice.noise_band == pytest.approx(chosen.noise + base.noise)
     console = Console(record=True, width=300, color_system=None)
     render_study(view, console)
-    assert f"engine starts of one configuration differed by {spread:.1%}" in console.export_text()
+    assert f"engine starts of one configuration differ by {spread:.1%}" in console.export_text()
+    # the choice carries it into the provenance and the report
+    from spectune.export import export_best
+    from spectune.report import write_report
+
+    assert choice.engine_spread == pytest.approx(spread)
+    out = export_best(view, tmp_path / "best.yaml")
+    assert json.loads(out.provenance_path.read_text())["engine_spread"] == pytest.approx(spread)
+    for fmt in ("md", "html"):
+        page = write_report(view, tmp_path / f"report.{fmt}", fmt).read_text()  # type: ignore[arg-type]
+        assert f"Engine starts of one configuration differ by {spread:.1%}" in page
 
 
 def test_the_best_measured_again_before_the_stop_is_measured_once_after_ctrl_c(landscape: Landscape, tmp_path: Path) -> None:
@@ -381,6 +391,9 @@ def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape
     again = [r for r in view.rows if r.confirms is not None]
     assert [(r.label, r.recheck_reason) for r in again] == [(measured[-1], RECHECK_BEST)]
     assert view.study.user_attrs["guide"]["engine_spread"] == 0.0  # one recorded start: the same answer
+    from spectune.report import render_markdown
+
+    assert view.best().engine_spread == 0.0 and "Engine starts" not in render_markdown(view)
     guided = [t for t in view.study.trials if "guide_reason" in t.user_attrs]
     assert len(guided) == len(measured) - 2  # every trial after the baseline was a guided pick, but the last
     for t in guided:  # the prediction beside the measurement
