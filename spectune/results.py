@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from spectune.predict import Prediction, StudyInputs, TrainingTrial
     from spectune.trial import Measurement
 
-__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "measured_trials", "open_study", "speedup"]
+__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "mean_over_engines", "measured_trials",
+           "open_study", "speedup"]
 
 NOISE_FLOOR = 0.02
 """Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
@@ -279,7 +280,9 @@ class StudyView:
         return base, speculative, confirming
 
     def prediction_inputs(self, *, confirmations: bool = True) -> StudyInputs:
-        """The unmeasured candidates of the study's space, its baseline and its measured trials.
+        """The unmeasured candidates of the study's space, its baseline (its mean over the engines
+        that measured it, :func:`mean_over_engines`: predictions move from the figures the choice
+        compares with) and its measured trials.
 
         The space is the one stored with the study (``spectune_config``); a candidate counts as
         measured when a trial completed it or its engine failed on it (a trial interrupted, or
@@ -304,9 +307,12 @@ class StudyView:
         base_row = self.baseline()
         if base_row is None:
             raise ConfigError(f"study {self.name} has no completed baseline trial to predict from")
-        baseline = self.store.measurement(base_row.trial_id)
-        if baseline is None:
+        first = self.store.measurement(base_row.trial_id)
+        if first is None:
             raise ConfigError(f"study {self.name}: the baseline trial {base_row.number} has no stored measurement")
+        again = [m for r in self.measured_rows(confirmations=confirmations)
+                 if r.is_baseline and r.number != base_row.number and (m := self.store.measurement(r.trial_id))]
+        baseline = mean_over_engines([first, *again])
         measured = self.speculative_measurements(confirmations=confirmations)
         candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
         raw = self.study.user_attrs.get("workload_features")
@@ -365,6 +371,38 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
         raise ConfigError(f"no study named {study_name!r} in {url} (studies: {known})")
     study = optuna.load_study(study_name=study_name, storage=rdb)
     return StudyView(study, MeasurementStore(url), url)
+
+
+def mean_over_engines(engines: Sequence[Measurement]) -> Measurement:
+    """One configuration measured on several engines, as the figures predictions read from a
+    baseline: the first engine's Measurement (its outputs, counters and windows, for replay)
+    with its throughputs, latency statistics and the levels of its sweep (where every engine
+    measured that level) replaced by their means over the engines. One engine: itself."""
+    first = engines[0]
+    if len(engines) == 1:
+        return first
+
+    def mean(values: Sequence[float | None]) -> float | None:
+        return None if any(v is None for v in values) else statistics.fmean(v for v in values if v is not None)
+
+    def stats(name: str) -> Any:
+        each = [getattr(m, name) for m in engines]
+        return each[0].model_copy(update={k: mean([getattr(s, k) for s in each]) for k in ("mean", "median", "p90", "p99")})
+
+    levels = []
+    for level in first.levels:
+        same = [lv for m in engines if (lv := m.at_concurrency(level.concurrency)) is not None and m.levels]
+        if len(same) == len(engines):
+            level = level.model_copy(update={"output_throughput": statistics.fmean(lv.output_throughput for lv in same),
+                                             "tpot_median_ms": mean([lv.tpot_median_ms for lv in same]),
+                                             "ttft_median_ms": mean([lv.ttft_median_ms for lv in same])})
+        levels.append(level)
+    return first.model_copy(update={
+        **{k: statistics.fmean(getattr(m, k) for m in engines)
+           for k in ("output_throughput", "request_throughput", "total_token_throughput")},
+        **{k: stats(k) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
+        "levels": levels,
+    })
 
 
 def measured_trials(url: str, *, skip_study: str | None = None) -> list[TrainingTrial]:

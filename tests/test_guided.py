@@ -505,9 +505,35 @@ def test_progress_and_show_rate_configurations_as_export_does_once_confirmed(lan
     for r in view.complete():
         assert r.speedup == pytest.approx(r.values[0] / base)
     assert next(r for r in view.rows if r.label == top).speedup == pytest.approx(values[top] / base)
+    # predictions move from the baseline's mean too (the search planned on its first engine alone)
+    inputs = view.prediction_inputs()
+    assert inputs.baseline.output_throughput == pytest.approx(base)
+    stored = [view.store.measurement(r.trial_id) for r in view.complete() if r.is_baseline]
+    assert len(stored) == 2 and inputs.baseline.e2el_ms.median == pytest.approx(
+        sum(m.e2el_ms.median for m in stored if m is not None) / 2)
+    assert view.prediction_inputs(confirmations=False).baseline.output_throughput == pytest.approx(values["none"])
     # the dashboard's attribute keeps the baseline known when the trial ran
     first = next(t for t in view.study.trials if t.user_attrs["config"] == top)
     assert first.user_attrs["speedup"] == pytest.approx(values[top] / values["none"], rel=1e-3)
+
+
+def test_mean_over_engines_averages_what_predictions_read(landscape: Landscape) -> None:
+    from spectune.results import mean_over_engines
+
+    m = next(p.measurement for p in landscape.points if p.label == "none")
+    assert m is not None and m.tpot_ms.median is not None and mean_over_engines([m]) is m
+    head = m.at_concurrency(m.concurrency)
+    assert head is not None
+    swept = m.model_copy(update={"levels": [head, head.model_copy(update={"concurrency": 4})]})
+    slow = swept.model_copy(update={
+        "output_throughput": m.output_throughput / 2,
+        "tpot_ms": m.tpot_ms.model_copy(update={"median": m.tpot_ms.median * 2}),
+        "levels": [lv.model_copy(update={"output_throughput": lv.output_throughput / 2}) for lv in swept.levels]})
+    mean = mean_over_engines([swept, slow])
+    assert mean.output_throughput == pytest.approx(0.75 * m.output_throughput)
+    assert mean.tpot_ms.median == pytest.approx(1.5 * m.tpot_ms.median) and mean.tpot_ms.p99 == m.tpot_ms.p99
+    assert [lv.output_throughput for lv in mean.levels] == pytest.approx([0.75 * head.output_throughput] * 2)
+    assert mean.requests == m.requests and mean.acceptance == m.acceptance  # outputs and counters: the first's
 
 
 def test_two_objectives_a_confirmed_configuration_stays_on_the_front(landscape: Landscape, tmp_path: Path) -> None:
