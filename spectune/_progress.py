@@ -138,7 +138,7 @@ def render_study(view: object, console: Console | None = None) -> None:
     """The trials of a study as a table, best first."""
     from rich.markup import escape
 
-    from spectune.results import StudyView, engine_spread
+    from spectune.results import StudyView, engine_spread, engine_spread_note
 
     assert isinstance(view, StudyView)
     console = console or Console()
@@ -160,9 +160,5 @@ def render_study(view: object, console: Console | None = None) -> None:
     if skipped:
         console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "
                       f"the best measured (spectune predict ranks them)")
-    configs = view.engines()
-    spread = engine_spread(configs)
-    if spread:
-        twice = sum(1 for c in configs if len(c.values) > 1)
-        console.print(f"engine starts of one configuration differ by {spread:.1%} here (pooled over the {twice} "
-                      "measured on two engines or more): a configuration measured on one is taken as that uncertain")
+    if (spread := engine_spread_note(engine_spread(view.engines()))) is not None:
+        console.print(spread)

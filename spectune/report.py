@@ -32,6 +32,7 @@ import yaml
 
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError, SpectuneError
+from spectune.results import engine_spread_note
 
 if TYPE_CHECKING:
     import optuna
@@ -298,14 +299,6 @@ def _best_line(choice: Choice) -> str:
     return f"`{row.label}` (trial {row.number}): {choice.reason}"
 
 
-def _spread_line(choice: Choice) -> str | None:
-    """What the study learned of its engines (:attr:`Choice.engine_spread`), when it did."""
-    if not choice.engine_spread:
-        return None
-    return (f"engine starts of one configuration differ by {choice.engine_spread:.1%} here (pooled over "
-            "those measured twice): a configuration measured on one engine is taken as that uncertain")
-
-
 def _note(view: StudyView) -> str:
     choice, why = _choice(view)
     lines = [f"## spectune: {view.name}", ""]
@@ -325,7 +318,7 @@ def _note(view: StudyView) -> str:
         lines.append(f"- {view.objectives[0]} on each engine: {', '.join(_fmt(v) for v in choice.engines)} "
                      f"(baseline: {', '.join(_fmt(v) for v in choice.baseline_engines)})")
     lines.append(f"- noise band: +-{choice.noise_band:.1%}")
-    if (spread := _spread_line(choice)) is not None:
+    if (spread := engine_spread_note(choice.engine_spread)) is not None:
         lines.append(f"- {spread}")
     lines.append("")
     text = best_config_yaml(view, choice)
@@ -608,7 +601,7 @@ def render_html(view: StudyView) -> str:
         verdict = "No speculation" if ctx.choice.is_baseline else e(row.label)
         parts.append(f"<p id='best'><strong>Best configuration:</strong> {verdict} (trial {row.number}): "
                      f"{e(ctx.choice.reason)}.</p>")
-        if (spread := _spread_line(ctx.choice)) is not None:
+        if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
             parts.append(f"<p>{e(spread[0].upper() + spread[1:])}.</p>")
         if ctx.yaml is not None:
             parts.append(f"<p>As <code>vllm serve --config best.yaml</code>:</p><pre>{e(ctx.yaml)}</pre>")
@@ -654,7 +647,7 @@ def render_markdown(view: StudyView) -> str:
         lines += [f"No best configuration yet: {ctx.why_none}.", ""]
     else:
         lines += [f"**Best configuration:** {_best_line(ctx.choice)}", ""]
-        if (spread := _spread_line(ctx.choice)) is not None:
+        if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
             lines += [spread[0].upper() + spread[1:] + ".", ""]
         if ctx.yaml is not None:
             lines += ["```yaml", ctx.yaml.rstrip(), "```", ""]

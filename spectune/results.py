@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from spectune.predict import Prediction, StudyInputs, TrainingTrial
     from spectune.trial import Measurement
 
-__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "mean_over_engines", "measured_trials",
+__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note", "measured_trials",
            "open_study", "speedup"]
 
 NOISE_FLOOR = 0.02
@@ -130,6 +130,15 @@ def engine_spread(configs: Sequence[Engines]) -> float | None:
     return math.sqrt(sum(n * v for n, v in pairs) / dof) if dof else None
 
 
+def engine_spread_note(spread: float | None) -> str | None:
+    """The sentence ``show``, the reports and the dashboard note say about :func:`engine_spread`
+    (None when the study has not measured one, or found engines alike)."""
+    if not spread:
+        return None
+    return (f"engine starts of one configuration differ by {spread:.1%} here (pooled over those measured "
+            "twice): a configuration measured on one engine is taken as that uncertain")
+
+
 @dataclass(frozen=True)
 class Choice:
     """The configuration to deploy, and why."""
@@ -235,10 +244,9 @@ class StudyView:
         measured on two engines, one measured on a single engine (the baseline included) is as
         noisy as engines differ (:meth:`engines`).
         """
-        base, speculative, confirming = self.contenders()
+        base, candidates, confirming = self.contenders()
         if base is None:
             raise ConfigError(f"study {self.name} has no completed baseline trial to compare with")
-        candidates = ([base] if base.feasible else []) + speculative
         sign = 1.0 if self.maximize else -1.0
         best = max(candidates, key=lambda c: sign * c.value) if candidates else base
         band = best.noise + base.noise
@@ -264,8 +272,9 @@ class StudyView:
         return choice(best, False, f"{gain:.2f}x the baseline{engines} (noise band +-{band:.1%})")
 
     def contenders(self, *, on_front: Collection[int] = ()) -> tuple[Engines | None, list[Engines], bool]:
-        """What :meth:`best` chooses among: the baseline (None before it completed), the feasible
-        speculative configurations that compete (see there), and whether the study confirms.
+        """What :meth:`best` chooses among: the baseline (None before it completed), the
+        configurations that compete (see there: the baseline when feasible, then the feasible
+        speculative ones), and whether the study confirms.
         ``on_front``: trials counted on the Pareto front of two objectives beside Optuna's (one
         finishing now, which Optuna does not count until it is COMPLETE)."""
         configs = self.engines()
@@ -277,11 +286,11 @@ class StudyView:
         confirming = any(r.confirms is not None and not r.recheck for r in self.rows)
         if confirming:  # a confirmation that failed or has not run leaves its configuration out
             speculative = [c for c in speculative if len(c.values) > 1] or speculative
-        return base, speculative, confirming
+        return base, ([base] if base is not None and base.feasible else []) + speculative, confirming
 
     def prediction_inputs(self, *, confirmations: bool = True) -> StudyInputs:
         """The unmeasured candidates of the study's space, its baseline (its mean over the engines
-        that measured it, :func:`mean_over_engines`: predictions move from the figures the choice
+        that measured it, :func:`spectune.predict.mean_over_engines`: predictions move from the figures the choice
         compares with) and its measured trials.
 
         The space is the one stored with the study (``spectune_config``); a candidate counts as
@@ -294,7 +303,7 @@ class StudyView:
                 space cannot be loaded.
             StorageError: the storage cannot be read.
         """
-        from spectune.predict import LearnedAcceptance, StudyInputs, TrainingTrial
+        from spectune.predict import LearnedAcceptance, StudyInputs, TrainingTrial, mean_over_engines
         from spectune.space import load_space
         from spectune.workloads import WorkloadFeatures
 
@@ -371,38 +380,6 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
         raise ConfigError(f"no study named {study_name!r} in {url} (studies: {known})")
     study = optuna.load_study(study_name=study_name, storage=rdb)
     return StudyView(study, MeasurementStore(url), url)
-
-
-def mean_over_engines(engines: Sequence[Measurement]) -> Measurement:
-    """One configuration measured on several engines, as the figures predictions read from a
-    baseline: the first engine's Measurement (its outputs, counters and windows, for replay)
-    with its throughputs, latency statistics and the levels of its sweep (where every engine
-    measured that level) replaced by their means over the engines. One engine: itself."""
-    first = engines[0]
-    if len(engines) == 1:
-        return first
-
-    def mean(values: Sequence[float | None]) -> float | None:
-        return None if any(v is None for v in values) else statistics.fmean(v for v in values if v is not None)
-
-    def stats(name: str) -> Any:
-        each = [getattr(m, name) for m in engines]
-        return each[0].model_copy(update={k: mean([getattr(s, k) for s in each]) for k in ("mean", "median", "p90", "p99")})
-
-    levels = []
-    for level in first.levels:
-        same = [lv for m in engines if (lv := m.at_concurrency(level.concurrency)) is not None and m.levels]
-        if len(same) == len(engines):
-            level = level.model_copy(update={"output_throughput": statistics.fmean(lv.output_throughput for lv in same),
-                                             "tpot_median_ms": mean([lv.tpot_median_ms for lv in same]),
-                                             "ttft_median_ms": mean([lv.ttft_median_ms for lv in same])})
-        levels.append(level)
-    return first.model_copy(update={
-        **{k: statistics.fmean(getattr(m, k) for m in engines)
-           for k in ("output_throughput", "request_throughput", "total_token_throughput")},
-        **{k: stats(k) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
-        "levels": levels,
-    })
 
 
 def measured_trials(url: str, *, skip_study: str | None = None) -> list[TrainingTrial]:

@@ -374,9 +374,9 @@ def run_study(
         if finishing is not None and values is not None:
             view.rows = [replace(r, state="COMPLETE", values=values) if r.number == finishing.number else r
                          for r in view.rows]
-        base, speculative, _ = view.contenders(on_front=[finishing.number] if finishing is not None else [])
+        base, candidates, _ = view.contenders(on_front=[finishing.number] if finishing is not None else [])
         best: tuple[str | None, float | None] = (None, None)
-        for c in ([base] if base.feasible else []) + speculative if base is not None else ():
+        for c in candidates if base is not None else ():
             s = speedup(primary.maximize, c.value, base.value)
             if best[1] is None or s > best[1]:
                 best = (c.row.label, s)
@@ -549,8 +549,8 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
     best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf  # none feasible yet: all could beat it
     top = max(feasible, key=lambda c: sign * c.value) if feasible else None  # what the study would choose
-    step = sum(1 for t in study.get_trials(deepcopy=False) if "guide_reason" in t.user_attrs
-               and "retry_of" not in t.user_attrs)
+    trials = study.get_trials(deepcopy=False)
+    step = sum(1 for t in trials if "guide_reason" in t.user_attrs and "retry_of" not in t.user_attrs)
     plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step)
     study.set_user_attr("guide", {
         "best_measured": best,
@@ -560,7 +560,6 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
                      "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}
                     for p in plan.skipped],
     })
-    trials = study.get_trials(deepcopy=False)
     if plan.pick is None and top is not None and len(top.values) == 1 and top.row.number not in _measured_again(trials):
         _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
         study.enqueue_trial(next(t for t in trials if t.number == top.row.number).params,

@@ -33,6 +33,7 @@ from spectune.predict._cost import (
 )
 from spectune.predict._guide import DEFAULT_MARGIN, GuidePlan, could_beat, plan_next, surprising
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
+from spectune.predict._measured import mean_over_engines
 from spectune.predict._rank import PRIOR_ALPHA, Prediction, StudyInputs, measured_prediction, predict_candidates
 from spectune.predict._replay import ReplayAcceptance, ReplayRequest, replay_ngram, replay_suffix, suffix_available
 from spectune.predict._schedule import BatchSchedule, batch_cost, derive_schedule
@@ -71,6 +72,7 @@ __all__ = [
     "leviathan_expected_tokens",
     "leviathan_improvement",
     "levels_table",
+    "mean_over_engines",
     "measured_prediction",
     "plan_next",
     "predict_candidates",

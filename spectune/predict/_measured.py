@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import BaseModel
 
 from spectune.config import Method, SpecConfig
 from spectune.predict._acceptance import AcceptanceProfile
@@ -80,3 +84,41 @@ def accepted_sd(profile: AcceptanceProfile, num_drafts: int) -> float:
     mean = math.fsum(pp)
     second = math.fsum((2 * i + 1) * p for i, p in enumerate(pp))
     return math.sqrt(max(second - mean * mean, 0.0) / num_drafts)
+
+
+def mean_over_engines(engines: Sequence[Measurement]) -> Measurement:
+    """One configuration measured on several engines, as the figures predictions and objectives
+    read: the first engine's Measurement (its outputs and counters, for replay and acceptance)
+    with every measured figure replaced by its mean over the engines: throughputs, latency
+    statistics, each window (the i-th of every engine; the first engine's windows when the
+    engines ran different numbers) and each level of a sweep (where every engine measured it).
+    A figure one engine lacks stays None. One engine: itself."""
+    first = engines[0]
+    if len(engines) == 1:
+        return first
+    windows = first.windows
+    if all(len(m.windows) == len(windows) for m in engines):
+        windows = [_mean_figures(list(each)) for each in zip(*(m.windows for m in engines), strict=True)]
+    levels = []
+    for level in first.levels:
+        same = [lv for m in engines if m.levels and (lv := m.at_concurrency(level.concurrency)) is not None]
+        levels.append(_mean_figures(same) if len(same) == len(engines) else level)
+    figures = _mean_figures(engines)
+    return figures.model_copy(update={
+        **{k: _mean_figures([getattr(m, k) for m in engines]) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},
+        "windows": windows, "levels": levels,
+    })
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _mean_figures(models: Sequence[_M]) -> _M:
+    """The first of ``models`` with each of its float fields the mean over all of them (None
+    where one lacks it); other fields (counts, nested models) the first's."""
+    update: dict[str, float | None] = {}
+    for name, value in models[0]:
+        if isinstance(value, float) or (value is None and any(isinstance(getattr(m, name), float) for m in models)):
+            values = [getattr(m, name) for m in models]
+            update[name] = None if None in values else statistics.fmean(values)
+    return models[0].model_copy(update=update)

@@ -20,7 +20,6 @@ Cost from :class:`~spectune.predict.CostModel` (fitted on the study's measured t
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,6 +34,7 @@ from spectune.predict._measured import (
     accepted_sd,
     effective_k,
     lookup_window,
+    mean_over_engines,
     measured_profile,
     proposer_of,
     suffix_params,
@@ -93,18 +93,17 @@ def measured_prediction(engines: Sequence[Measurement], objective: str = "output
     """A measured speculative configuration as a prediction without interval, at its own
     concurrency (so that it can be moved to others, :meth:`ConcurrencyModel.predict`): its mean
     over ``engines``, the measurements of that one configuration on each engine that ran it
-    (acceptance from the first with counters: it does not change between engines). None without counters."""
+    (:func:`~spectune.predict.mean_over_engines`; acceptance from the first: it does not change
+    between engines). None without counters."""
     from spectune.study import Objective
 
-    first, profile = next(((m, p) for m in engines if (p := measured_profile(m)) is not None), (engines[0], None))
-    tpots = [m.tpot_ms.median for m in engines]
-    if profile is None or any(t is None for t in tpots):
+    m = mean_over_engines(engines)
+    profile = measured_profile(m)
+    tpot = m.tpot_ms.median
+    if profile is None or tpot is None:
         return None
-    e = profile.tokens_per_step
-    tpot = statistics.fmean(t for t in tpots if t is not None)
-    thr = statistics.fmean(m.output_throughput for m in engines)
-    value = statistics.fmean(Objective(objective).of(m) for m in engines)
-    return Prediction(label=first.spec.label(), spec=first.spec, source="measured",
+    e, thr, value = profile.tokens_per_step, m.output_throughput, Objective(objective).of(m)
+    return Prediction(label=m.spec.label(), spec=m.spec, source="measured",
                       acceptance_rate=profile.acceptance_rate, mean_acceptance_length=profile.mean_acceptance_length,
                       tokens_per_step=Estimate(e, e, e), tpot_ms=Estimate(tpot, tpot, tpot),
                       output_throughput=Estimate(thr, thr, thr), objective=objective,
