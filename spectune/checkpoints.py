@@ -192,8 +192,16 @@ def _versions(*dists: str) -> dict[str, str | None]:
     return out
 
 
+def dtype_kwarg(dtype: Any) -> dict[str, Any]:
+    """``from_pretrained``'s keyword for the weights' dtype: ``dtype`` from transformers 5 on,
+    ``torch_dtype`` before."""
+    import transformers
+
+    return {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
+
+
 @contextlib.contextmanager
-def _quiet_transformers(gguf: bool = False) -> Iterator[None]:
+def quiet_transformers(gguf: bool = False) -> Iterator[None]:
     """Hide transformers' progress bars (and the GGUF reader's); restores them afterwards."""
     import functools
     import importlib
@@ -398,7 +406,7 @@ def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str) -> d
     }
     for role, model in (("target", target), ("draft", draft)):
         folder = work / role
-        with _quiet_transformers():
+        with quiet_transformers():
             model.save_pretrained(folder, safe_serialization=True)
         for f in sorted(tok_dir.iterdir()):  # byte-identical tokenizer files in both folders
             shutil.copy2(f, folder / f.name)
@@ -510,14 +518,12 @@ def _smollm2_is_prepared(dest: Path, gguf: Path) -> bool:
 def _convert_smollm2(gguf: Path, out: Path) -> None:
     """Dequantise ``gguf`` with transformers and save a float32 safetensors checkpoint."""
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    with _quiet_transformers(gguf=True):
+    with quiet_transformers(gguf=True):
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, **{dtype_kw: torch.float32}
+            str(gguf.parent), gguf_file=gguf.name, **dtype_kwarg(torch.float32)
         )
     config = loaded.config
     if hasattr(config, "quantization_config"):
@@ -531,7 +537,7 @@ def _convert_smollm2(gguf: Path, out: Path) -> None:
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     model.to(torch.float32).eval()
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(out, safe_serialization=True)
     del model, state
 

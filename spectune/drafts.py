@@ -45,7 +45,8 @@ from typing import Any
 from spectune.checkpoints import (
     _import_checkpoint_deps,
     _lock,
-    _quiet_transformers,
+    dtype_kwarg,
+    quiet_transformers,
     _read_json,
     _remove_stale,
     _swap_in,
@@ -559,17 +560,15 @@ def _build_draft_into(
     request: dict[str, Any],
 ) -> dict[str, Any]:
     import torch
-    import transformers
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     data_cfg, arch, train_cfg = (_DRAFT_RECIPE["data"], _DRAFT_RECIPE["architecture"],
                                  _DRAFT_RECIPE["training"])
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    dtype_kw = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
-    with _quiet_transformers():
+    with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-        target = LlamaForCausalLM.from_pretrained(str(target_dir), **{dtype_kw: torch.float32})
+        target = LlamaForCausalLM.from_pretrained(str(target_dir), **dtype_kwarg(torch.float32))
     target.eval()
     timings["load_target_s"] = time.perf_counter() - t
 
@@ -613,7 +612,7 @@ def _build_draft_into(
     t = time.perf_counter()
     for p in draft.parameters():
         p.requires_grad_(True)
-    with _quiet_transformers():
+    with quiet_transformers():
         draft.save_pretrained(out, safe_serialization=True)
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))

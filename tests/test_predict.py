@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import tiny_engine_args
 
 from spectune.config import EngineArgs, Method, SpecConfig
 from spectune.counters import SpecCounters
@@ -115,6 +116,32 @@ def test_suffix_replay_learns_from_earlier_responses() -> None:
     assert no_cache.num_accepted_tokens == 0
     acc = twice.acceptance()
     assert acc is not None and acc.mean_acceptance_length == pytest.approx(twice.mean_acceptance_length)
+
+
+# -- draft replay: what the draft proposes along recorded outputs ----------------------------------
+
+
+def test_draft_replay_counts_steps_as_the_engine_and_expects_what_max_tokens_cut_off() -> None:
+    from spectune.predict import DraftGuesses, replay_draft
+
+    # guess[n]: the draft's argmax after prompt + output[:n]; the last one looks past the output
+    wrong_at_3 = (2, (10, 11, 12, 13, 14, 15), (10, 11, 12, 99, 14, 15, 77))
+    all_right = (1, (20, 21, 22, 23, 24, 25, 26, 27), (20, 21, 22, 23, 24, 25, 26, 27, 5))
+    one = replay_draft(DraftGuesses("d", "float32", (wrong_at_3,)), 1)
+    # n=1 draft [11] accepted -> n=3; [99] against 13 rejected -> n=4; [14] accepted -> n=6, the end
+    assert (one.num_drafts, one.num_accepted_tokens, one.num_steps, one.num_truncated_drafts) == (3, 2, 3, 0)
+    three = replay_draft(DraftGuesses("d", "float32", (wrong_at_3, all_right)), 3)
+    # first request: [11, 12, 99] two accepted -> n=4; [14, 15, 77] where the output ends after 15: cut
+    # second: [21, 22, 23] and [25, 26, 27], all accepted
+    assert (three.num_drafts, three.num_draft_tokens, three.num_accepted_tokens) == (4, 12, 10)
+    assert three.accepted_per_pos == (4, 4, 2) and three.truncated_per_pos == (0, 0, 1)
+    assert three.num_decode_tokens == 5 + 7 and three.num_steps == 4
+    # the cut position counts with the acceptance of the third position in the drafts not cut: 2 of 3
+    assert three.expected_per_pos == pytest.approx((4, 4, 2 + 2 / 3))
+    assert three.mean_acceptance_length == 3.5  # the engine's counters lie between the two
+    assert three.profile().mean_acceptance_length == pytest.approx(1 + (10 + 2 / 3) / 4)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        replay_draft(DraftGuesses("d", "float32", (wrong_at_3,)), 0)
 
 
 # -- cost model ---------------------------------------------------------------------------------------
@@ -437,3 +464,42 @@ def test_predict_study_replays_ngram_over_the_real_baseline(runs: dict[str, Meas
         assert 0 < p.output_throughput.low <= p.output_throughput.value <= p.output_throughput.high
         assert math.isfinite(p.value.value)
         assert p.note.endswith(f"over {len(runs['baseline'].requests)} requests")
+
+
+@pytest.fixture(scope="module")
+def draft_run(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> Measurement:
+    """A real engine of the tiny target drafting k=3 with the tiny draft (float32, temperature 0)."""
+    from spectune.trial import measure
+    from spectune.workloads import load_prompts
+
+    wl = WorkloadSpec.model_validate({"source": str(repetitive_prompts), "num_prompts": 6, "concurrency": 2,
+                                      "sampling": {"max_tokens": 48, "temperature": 0.0}})
+    spec = SpecConfig(method=Method.DRAFT_MODEL, model=str(tiny_models.draft), num_speculative_tokens=K)
+    return measure(tiny_engine_args(tiny_models.target), spec, wl, load_prompts(wl),
+                   log_dir=tmp_path_factory.mktemp("draft-run"), startup_timeout=300)
+
+
+@pytest.mark.engine
+def test_draft_replay_agrees_with_vllm_counters(draft_run: Measurement, tiny_models) -> None:  # noqa: ANN001
+    """The draft run offline (transformers, float32) along the outputs drafts what vLLM's draft
+    proposer drafted: at temperature 0 the outputs are the target's own whatever the draft."""
+    from spectune.predict import draft_guesses, replay_draft
+
+    measured = draft_run.acceptance
+    assert measured is not None and measured.num_drafts > 0
+    assert all(r.token_ids and r.prompt_token_ids for r in draft_run.requests)
+    guesses = draft_guesses(draft_run.requests, str(tiny_models.draft), dtype=draft_run.engine.dtype)
+    rep = replay_draft(guesses, K, max_model_len=draft_run.engine.max_model_len)
+    counts = [round(p * measured.num_drafts) for p in measured.per_position]
+    report = (f"measured drafts/draft tokens/accepted {measured.num_drafts}/{measured.num_draft_tokens}/"
+              f"{measured.num_accepted_tokens} per position {counts}; replay {rep.num_drafts}/{rep.num_draft_tokens}/"
+              f"{rep.num_accepted_tokens} per position {list(rep.accepted_per_pos)}, cut off {list(rep.truncated_per_pos)}")
+    # a model draft drafts k tokens at every decode step: the same steps, so the same drafts
+    assert (rep.num_drafts, rep.num_draft_tokens) == (measured.num_drafts, measured.num_draft_tokens), report
+    assert rep.num_draft_tokens == K * rep.num_drafts
+    # the engine compared the positions max_tokens cut off with tokens the replay cannot see
+    for i, c in enumerate(counts):
+        assert rep.accepted_per_pos[i] <= c <= rep.accepted_per_pos[i] + rep.truncated_per_pos[i], report
+    # what predictions read: those positions counted as likely accepted, within 1 % of vLLM's length
+    predicted = rep.profile().mean_acceptance_length
+    assert abs(predicted / measured.mean_acceptance_length - 1) < 0.01, (predicted, report)

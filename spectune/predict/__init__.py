@@ -3,7 +3,8 @@
 Pure functions over measurements: no engine and no storage here (reading a study's inputs is
 :meth:`spectune.results.StudyView.prediction_inputs`). Acceptance depends on the target, the
 proposer, the workload and the sampling, not on the hardware; for model-free proposers it is
-replayed exactly from the baseline's recorded outputs. Cost depends on the hardware and is
+replayed exactly from the baseline's recorded outputs, and for a draft model from one forward pass
+of the draft along them. Cost depends on the hardware and is
 fitted on the study's measured trials. Together they predict candidates never run.
 """
 
@@ -35,7 +36,17 @@ from spectune.predict._guide import DEFAULT_MARGIN, GuidePlan, could_beat, plan_
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
 from spectune.predict._measured import mean_over_engines
 from spectune.predict._rank import PRIOR_ALPHA, Prediction, StudyInputs, measured_prediction, predict_candidates
-from spectune.predict._replay import ReplayAcceptance, ReplayRequest, replay_ngram, replay_suffix, suffix_available
+from spectune.predict._replay import (
+    DraftGuesses,
+    ReplayAcceptance,
+    ReplayRequest,
+    cached_draft_guesses,
+    draft_guesses,
+    replay_draft,
+    replay_ngram,
+    replay_suffix,
+    suffix_available,
+)
 from spectune.predict._schedule import BatchSchedule, batch_cost, derive_schedule
 from spectune.predict._table import levels_table, predictions_table
 
@@ -48,6 +59,7 @@ __all__ = [
     "ConcurrencyModel",
     "CostModel",
     "CostPoint",
+    "DraftGuesses",
     "Estimate",
     "GuidePlan",
     "LearnedAcceptance",
@@ -61,9 +73,11 @@ __all__ = [
     "TrainingTrial",
     "acceptance_rate_at",
     "batch_cost",
+    "cached_draft_guesses",
     "conditional_acceptance",
     "could_beat",
     "derive_schedule",
+    "draft_guesses",
     "expected_tokens_per_step",
     "fit_concurrency",
     "fit_cost",
@@ -77,6 +91,7 @@ __all__ = [
     "plan_next",
     "predict_candidates",
     "predictions_table",
+    "replay_draft",
     "replay_ngram",
     "replay_suffix",
     "suffix_available",

@@ -4,7 +4,9 @@ Acceptance of each candidate comes from the best source there is, named in
 :attr:`Prediction.source`:
 
 - ``replay``: n-gram (and suffix, with arctic_inference installed) candidates, replayed exactly
-  over the baseline's recorded token ids (:func:`~spectune.predict.replay_ngram`);
+  over the baseline's recorded token ids (:func:`~spectune.predict.replay_ngram`); draft-model
+  candidates whose draft transformers can load, from one forward pass of the draft along the
+  same outputs (:func:`~spectune.predict.replay_draft`);
 - ``truncation``: the same proposer measured at a larger ``k``: its per-position acceptance cut
   to ``k`` (:func:`~spectune.predict.expected_tokens_per_step`);
 - ``extrapolation``: the same proposer measured only at a smaller ``k``: the positions beyond
@@ -39,7 +41,14 @@ from spectune.predict._measured import (
     proposer_of,
     suffix_params,
 )
-from spectune.predict._replay import ReplayAcceptance, replay_ngram, replay_suffix, suffix_available
+from spectune.predict._replay import (
+    ReplayAcceptance,
+    cached_draft_guesses,
+    replay_draft,
+    replay_ngram,
+    replay_suffix,
+    suffix_available,
+)
 
 if TYPE_CHECKING:
     from spectune.trial import Measurement
@@ -143,6 +152,9 @@ def _replay(spec: SpecConfig, baseline: Measurement) -> ReplayAcceptance | None:
             max_spec_factor=float(p["suffix_decoding_max_spec_factor"]),
             min_token_prob=float(p["suffix_decoding_min_token_prob"]), max_model_len=max_len,
         )
+    if spec.method is Method.DRAFT_MODEL and k and spec.model:
+        guesses = cached_draft_guesses(baseline.requests, spec.model, dtype=baseline.engine.dtype)
+        return replay_draft(guesses, k, max_model_len=max_len) if guesses is not None else None
     return None
 
 
@@ -190,13 +202,15 @@ def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Meas
                 replays: dict[str, ReplayAcceptance | None], learned: LearnedAcceptance | None = None,
                 features: Mapping[str, float] | None = None) -> _Accept:
     k = effective_k(spec) or 1
-    if spec.method in (Method.NGRAM, Method.SUFFIX):
+    if spec.method in (Method.NGRAM, Method.SUFFIX, Method.DRAFT_MODEL):
         key = spec.model_dump_json()
         if key not in replays:
             replays[key] = _replay(spec, baseline)
         rep = replays[key]
         if rep is not None:
             note = f"{rep.num_drafts} drafts over {rep.num_requests} requests"
+            if spec.method is Method.DRAFT_MODEL:
+                note += ", the draft run offline"
             if baseline.workload.sampling.temperature > 0:
                 note += "; temperature > 0: approximate"
             return _exact("replay", rep.profile(), note)

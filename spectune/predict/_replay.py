@@ -1,9 +1,10 @@
-"""Offline replay of model-free proposers against recorded target outputs, without an engine.
+"""Offline replay of proposers against recorded target outputs, without an engine.
 
 At temperature 0 the target's output does not depend on speculation (vLLM verifies greedily
 and keeps exactly the target's own tokens), so one baseline run with token ids is enough to
-know what every n-gram or suffix configuration would have drafted and had accepted. The replay
-steps through each request as the engine does:
+know what every n-gram or suffix configuration would have drafted and had accepted, and, with
+one forward pass of the draft over each recorded sequence, every ``k`` of a draft model
+(:func:`replay_draft`). The replay steps through each request as the engine does:
 
 - the first output token comes from the prefill, with nothing drafted;
 - at each later step the context is ``prompt + output[:n]``; the proposer (vLLM's own
@@ -16,13 +17,17 @@ Where a draft reaches past the recorded output (the request stopped on ``max_tok
 engine compared the tail with tokens that were then cut off; the replay cannot know them and
 counts them as rejected; ``num_truncated_drafts`` and ``truncated_per_pos`` say how often that
 happened and at which positions, so the engine's own counts lie between ``accepted_per_pos``
-and ``accepted_per_pos + truncated_per_pos``. With
+and ``accepted_per_pos + truncated_per_pos``. Predictions read ``expected_per_pos``: each cut
+position counted with the chance that it would have been accepted, the product of the
+conditional acceptance of the positions from the cut on, as the drafts not cut measured it. With
 temperature > 0 the recorded output is one sample among many and the replay is approximate.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,7 +36,10 @@ from spectune.predict._acceptance import AcceptanceProfile
 if TYPE_CHECKING:
     from spectune.counters import Acceptance
 
-__all__ = ["ReplayAcceptance", "ReplayRequest", "replay_ngram", "replay_suffix", "suffix_available"]
+__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DraftGuesses", "ReplayAcceptance", "ReplayRequest", "cached_draft_guesses",
+           "draft_guesses", "replay_draft", "replay_ngram", "replay_suffix", "suffix_available"]
+
+logger = logging.getLogger(__name__)
 
 UNLIMITED_MODEL_LEN = 2**31 - 1
 """``max_model_len`` when the engine's is not known: no draft is ever cut by the model length."""
@@ -65,6 +73,9 @@ class ReplayAcceptance:
     num_decode_tokens: int
     num_truncated_drafts: int
     truncated_per_pos: tuple[int, ...] = ()
+    expected_per_pos: tuple[float, ...] = ()
+    """``accepted_per_pos`` with the positions cut off counted as likely accepted (see the module
+    docstring); ``accepted_per_pos`` itself when nothing was cut."""
 
     @property
     def acceptance_rate(self) -> float:
@@ -94,9 +105,11 @@ class ReplayAcceptance:
         ).acceptance()
 
     def profile(self) -> AcceptanceProfile:
-        """As an :class:`~spectune.predict.AcceptanceProfile` for the cost model."""
+        """As an :class:`~spectune.predict.AcceptanceProfile` for the cost model, the cut
+        positions counted as likely accepted (``expected_per_pos``)."""
+        expected = self.expected_per_pos or self.accepted_per_pos
         return AcceptanceProfile(
-            tuple(self.per_position), draft_share=self.draft_share,
+            tuple(x / self.num_drafts if self.num_drafts else 0.0 for x in expected), draft_share=self.draft_share,
             mean_draft_length=self.num_draft_tokens / self.num_drafts if self.num_drafts else None,
         )
 
@@ -108,6 +121,9 @@ class _Tally:
         self.steps = self.decode_tokens = self.truncated = 0
         self.per_pos = [0] * k
         self.cut_pos = [0] * k
+        self.cuts: list[tuple[int, int]] = []  # (first position cut off, draft length) per cut draft
+        self.reached = [0] * k  # positions compared in drafts not cut: accepted up to them
+        self.whole_pos = [0] * k  # ... and accepted
 
     def step(self, draft: Sequence[int], output: Sequence[int], n: int) -> int:
         """Count one decode step at ``n`` output tokens; return the tokens it yields."""
@@ -123,6 +139,11 @@ class _Tally:
                 self.truncated += 1
                 for i in range(a, min(len(draft), self.k)):
                     self.cut_pos[i] += 1
+                self.cuts.append((a, min(len(draft), self.k)))
+            else:
+                for i in range(min(a + 1, len(draft), self.k)):
+                    self.reached[i] += 1
+                    self.whole_pos[i] += i < a
             self.accepted += a
             for i in range(min(a, self.k)):
                 self.per_pos[i] += 1
@@ -130,12 +151,23 @@ class _Tally:
         self.decode_tokens += got
         return got
 
+    def expected(self) -> tuple[float, ...]:
+        """``per_pos`` plus, for each cut draft, each cut position's chance of acceptance."""
+        cond = [w / r if r else 0.0 for w, r in zip(self.whole_pos, self.reached, strict=True)]
+        out = [float(x) for x in self.per_pos]
+        for first, length in self.cuts:
+            chance = 1.0
+            for i in range(first, length):
+                chance *= cond[i]
+                out[i] += chance
+        return tuple(out)
+
     def result(self) -> ReplayAcceptance:
         return ReplayAcceptance(
             num_drafts=self.drafts, num_draft_tokens=self.draft_tokens, num_accepted_tokens=self.accepted,
             accepted_per_pos=tuple(self.per_pos), num_requests=self.requests, num_steps=self.steps,
             num_decode_tokens=self.decode_tokens, num_truncated_drafts=self.truncated,
-            truncated_per_pos=tuple(self.cut_pos),
+            truncated_per_pos=tuple(self.cut_pos), expected_per_pos=self.expected(),
         )
 
 
@@ -252,4 +284,143 @@ def replay_suffix(
             sampled = output[n : n + got]
             n += got
         cache.stop_request(req_id)
+    return tally.result()
+
+
+@dataclass(frozen=True)
+class DraftGuesses:
+    """What a draft model proposes along recorded target outputs: for each request, the prompt's
+    length and ``guess[n]``, the draft's argmax after ``prompt + output[:n]`` (``n`` from 0 to
+    the output's length), from one teacher-forced forward pass (:func:`draft_guesses`)."""
+
+    model: str
+    dtype: str
+    requests: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+    """``(prompt length, output, guesses)`` per request."""
+
+
+_TORCH_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16",
+                 "half": "float16"}
+"""vLLM's ``--dtype`` values as torch's; any other (``auto``) loads the checkpoint's own."""
+
+
+def draft_guesses(requests: Iterable[ReplayRequest], model: str, *, dtype: str | None = None) -> DraftGuesses:
+    """Run the draft ``model`` (a local folder or hub name transformers can load) once over each
+    request's prompt and recorded output, keeping its argmax at every output position.
+
+    At temperature 0 vLLM's draft proposer drafts greedily, so while its drafts are accepted the
+    draft reads the target's own tokens: the argmax along the recorded output is what it drafts
+    at every step, whatever ``k``. ``dtype`` is the engine's (``float32``, ``bfloat16``...;
+    None: the checkpoint's); the draft runs on the CPU, one request at a time. Requests without
+    token ids, or failed, are skipped.
+
+    Raises:
+        ImportError: torch or transformers is not installed.
+        OSError: the model cannot be loaded (not local, and no hub access).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from spectune.checkpoints import dtype_kwarg, quiet_transformers
+
+    pairs = [(p, o) for p, o in _pairs(requests) if o]
+    torch_dtype = _TORCH_DTYPES.get(dtype or "auto", "auto")
+    with quiet_transformers():
+        draft = AutoModelForCausalLM.from_pretrained(model, **dtype_kwarg(
+            getattr(torch, torch_dtype) if torch_dtype != "auto" else "auto"))
+    draft.eval()
+    out = []
+    with torch.inference_mode():
+        for prompt, output in pairs:
+            ids = torch.tensor([prompt + output], dtype=torch.long)
+            # positions len(prompt) - 1 .. end: the draft's next token after prompt + output[:n]
+            logits = draft(input_ids=ids, logits_to_keep=len(output) + 1).logits[0]
+            out.append((len(prompt), tuple(output), tuple(int(t) for t in logits.argmax(-1).tolist())))
+    return DraftGuesses(model=model, dtype=str(dtype), requests=tuple(out))
+
+
+DRAFT_REPLAY_MAX_BYTES = 4 * 2**30
+"""Largest draft (weights on disk) that :func:`cached_draft_guesses` runs on the CPU: about 2B
+parameters in bfloat16, a minute or so over a study's outputs on a server's cores."""
+
+_GUESSES: dict[tuple[str, str, int], DraftGuesses] = {}
+_GUESSES_KEPT = 8
+_REFUSED: set[str] = set()
+
+
+def _local_weights(model: str) -> Path | None:
+    """The folder holding ``model``'s weights: the path itself, or its snapshot in the Hugging
+    Face cache (nothing is downloaded); None when neither is on this machine."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not a hub name, or not cached: no replay, and the reason is logged
+        return None
+
+
+def cached_draft_guesses(requests: Sequence[ReplayRequest], model: str, *,
+                         dtype: str | None = None) -> DraftGuesses | None:
+    """:func:`draft_guesses`, kept per draft, dtype and outputs for the life of the process
+    (guided search predicts again after every trial); None, logged once per draft, when the
+    draft is not on this machine, is larger than :data:`DRAFT_REPLAY_MAX_BYTES` or does not load.
+    Predictions then fall back to the draft's measured trials, the learned model or the prior."""
+    pairs = _pairs(requests)
+    key = (model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
+    if key in _GUESSES:
+        return _GUESSES[key]
+    if model in _REFUSED:
+        return None
+    folder = _local_weights(model)
+    size = sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt")) \
+        if folder is not None else 0
+    why = ("its weights are not on this machine" if folder is None else
+           f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB to run "
+           "on the CPU" if size > DRAFT_REPLAY_MAX_BYTES else None)
+    guesses = None
+    if why is None:
+        try:
+            guesses = draft_guesses(requests, str(folder), dtype=dtype)
+        except (ImportError, OSError, ValueError, RuntimeError) as exc:
+            why = f"it did not load or run in transformers ({type(exc).__name__}: {exc})"
+    if guesses is None:
+        _REFUSED.add(model)
+        logger.info("draft %s is not replayed offline: %s", model, why)
+        return None
+    guesses = DraftGuesses(model=model, dtype=guesses.dtype, requests=guesses.requests)
+    if len(_GUESSES) >= _GUESSES_KEPT:
+        _GUESSES.pop(next(iter(_GUESSES)))
+    _GUESSES[key] = guesses
+    return guesses
+
+
+def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = None) -> ReplayAcceptance:
+    """What vLLM's draft-model proposer (``method: draft_model``) drafts and has accepted with
+    ``k`` tokens, from the draft's argmax along the recorded outputs (:func:`draft_guesses`).
+
+    The draft proposes ``k`` tokens at every decode step; the ``i``-th is its argmax after the
+    context and the ``i - 1`` drafted before it, which is ``guess[n + i]`` as long as those were
+    the target's (past the first rejected one, what it drafts no longer counts). Exact up to the
+    numerics of the two implementations: a near tie between the draft's top tokens can fall the
+    other way in the engine's kernels.
+
+    Raises:
+        ValueError: ``k < 1``.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    limit = max_model_len or UNLIMITED_MODEL_LEN
+    tally = _Tally(k)
+    for prompt_len, output, guess in guesses.requests:
+        tally.requests += 1
+        n = 1
+        while n < len(output):
+            draft: Sequence[int] = ()
+            if prompt_len + n < limit:
+                known = guess[n : n + k]
+                draft = (*known, *([-1] * (k - len(known))))  # past the recorded output: unknown, never equal
+            n += tally.step(draft, output, n)
     return tally.result()
