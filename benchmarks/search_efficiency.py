@@ -20,7 +20,9 @@ decoding) on the project's tiny models, HumanEval prompts, one request at a time
 
 ``evaluate``: replay studies on a landscape without engines (``run_study(measure_fn=...)``: the
 real study loop, Optuna and storage, answered from the file; a candidate measured again gets
-its next recorded engine start) and compare
+its next recorded engine start), with the landscape's models built or prepared here where the
+project can (:func:`_models_here`: the draft model's acceptance is then replayed as a study on
+this machine would replay it), and compare:
 
 - guided search (spectune's default sampler), its predictions stored on its trials, alone and
   with ``confirm: 2`` (``guided_confirm``);
@@ -141,6 +143,34 @@ def record(args: argparse.Namespace) -> None:
 
 
 # -- evaluate --------------------------------------------------------------------------------
+
+
+def _models_here(landscape: Landscape) -> Landscape:
+    """The landscape with its models where this machine has them: no engine runs, but the draft
+    model's replay (:func:`spectune.predict.replay_draft`) reads the draft's weights. Recorded
+    elsewhere, the project's tiny models are built again (the same seed gives the same weights,
+    which the replay's acceptance error against the recorded counters checks), and SmolLM2 and its
+    draft prepared (the draft's first build takes about 7 minutes). Other models keep their names:
+    the draft is then predicted from its measured trials."""
+    here = [landscape.target, *([landscape.draft] if landscape.draft else [])]
+    if all(Path(m).exists() for m in here):
+        return landscape
+    names = (Path(landscape.target).name, Path(landscape.draft).name if landscape.draft else None)
+    if names == ("target", "draft"):
+        target, draft = _tiny_models(None)
+        return landscape.rebase(target, draft)
+    if names[0] == "SmolLM2-135M-Instruct":
+        from spectune.checkpoints import prepare_smollm2
+        from spectune.drafts import build_smollm2_draft, draft_name
+
+        smollm2 = prepare_smollm2()
+        if names[1] == draft_name(smollm2):
+            print("preparing the SmolLM2 draft for its replay", file=sys.stderr, flush=True)
+            return landscape.rebase(str(smollm2), str(build_smollm2_draft()))
+        return landscape.rebase(str(smollm2))
+    logging.getLogger("spectune.pairing").setLevel(logging.ERROR)
+    draft = f"landscape/{Path(landscape.draft).name}" if landscape.draft else None
+    return landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)
 
 
 def _trace(landscape: Landscape, config: Any, objective: str) -> dict[str, Any]:
@@ -306,12 +336,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
 def evaluate(args: argparse.Namespace) -> None:
     from spectune.study import Objective, relative_noise
 
-    landscape = Landscape.load(args.landscape)
-    here = [landscape.target, *([landscape.draft] if landscape.draft else [])]
-    if not all(Path(m).exists() for m in here):  # recorded elsewhere: no engine runs, names will do
-        logging.getLogger("spectune.pairing").setLevel(logging.ERROR)
-        draft = f"landscape/{Path(landscape.draft).name}" if landscape.draft else None
-        landscape = landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)
+    landscape = _models_here(Landscape.load(args.landscape))
     objective = landscape.config().objectives[0]
     sign = 1.0 if objective.maximize else -1.0
     values = _means(landscape, objective.value)
