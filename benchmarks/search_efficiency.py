@@ -45,6 +45,8 @@ start (``cost_fit``). Writes
 
     python benchmarks/search_efficiency.py evaluate                      # the tiny landscape
     python benchmarks/search_efficiency.py evaluate my.json --out my_results.json
+    python benchmarks/search_efficiency.py evaluate benchmarks/landscapes/smollm2.json --no-draft-replay \
+        --out benchmarks/results/no_draft_replay/search_efficiency_smollm2.json   # as before session 8
 
 Prints one line per figure. Ratios are guided / other (lower is better).
 """
@@ -168,6 +170,11 @@ def _models_here(landscape: Landscape) -> Landscape:
             print("preparing the SmolLM2 draft for its replay", file=sys.stderr, flush=True)
             return landscape.rebase(str(smollm2), str(build_smollm2_draft()))
         return landscape.rebase(str(smollm2))
+    return _models_by_name(landscape)
+
+
+def _models_by_name(landscape: Landscape) -> Landscape:
+    """The landscape with its models named, not found: nothing reads their weights."""
     logging.getLogger("spectune.pairing").setLevel(logging.ERROR)
     draft = f"landscape/{Path(landscape.draft).name}" if landscape.draft else None
     return landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)
@@ -336,7 +343,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
 def evaluate(args: argparse.Namespace) -> None:
     from spectune.study import Objective, relative_noise
 
-    landscape = _models_here(Landscape.load(args.landscape))
+    landscape = Landscape.load(args.landscape)
+    landscape = _models_by_name(landscape) if args.no_draft_replay else _models_here(landscape)
     objective = landscape.config().objectives[0]
     sign = 1.0 if objective.maximize else -1.0
     values = _means(landscape, objective.value)
@@ -380,6 +388,7 @@ def evaluate(args: argparse.Namespace) -> None:
     errors = _prediction_errors(landscape, objective.value)
     out = {
         "landscape": str(args.landscape.relative_to(REPO) if args.landscape.is_relative_to(REPO) else args.landscape),
+        "draft_replay": not args.no_draft_replay,
         "evaluated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "objective": objective.value, "tolerance": args.tolerance, "seeds": seeds,
         "candidates": n, "engine_starts_per_candidate": starts, "landscape_engine_seconds": round(total, 1),
@@ -449,6 +458,8 @@ def main() -> None:
     ev.add_argument("--seeds", type=int, default=5)
     ev.add_argument("--tolerance", type=float, default=0.02)
     ev.add_argument("--out", type=Path, default=DEFAULT_OUTPUT)
+    ev.add_argument("--no-draft-replay", action="store_true",
+                    help="leave the models where they were recorded: the draft is predicted from its trials")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from spectune.errors import SpectuneError
