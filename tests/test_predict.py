@@ -140,6 +140,10 @@ def test_draft_replay_counts_steps_as_the_engine_and_expects_what_max_tokens_cut
     assert three.expected_per_pos == pytest.approx((4, 4, 2 + 2 / 3))
     assert three.mean_acceptance_length == 3.5  # the engine's counters lie between the two
     assert three.profile().mean_acceptance_length == pytest.approx(1 + (10 + 2 / 3) / 4)
+    # near max_model_len the scheduler drafts only up to max_model_len - 1 tokens in all: with 2
+    # prompt tokens and a limit of 6, n=1 drafts [11, 12] (both accepted) -> n=4 drafts nothing
+    near = replay_draft(DraftGuesses("d", "float32", (wrong_at_3,)), 3, max_model_len=6)
+    assert (near.num_drafts, near.num_draft_tokens, near.num_accepted_tokens, near.num_steps) == (1, 2, 2, 3)
     with pytest.raises(ValueError, match="k must be >= 1"):
         replay_draft(DraftGuesses("d", "float32", (wrong_at_3,)), 0)
 
@@ -494,12 +498,14 @@ def test_draft_replay_agrees_with_vllm_counters(draft_run: Measurement, tiny_mod
     report = (f"measured drafts/draft tokens/accepted {measured.num_drafts}/{measured.num_draft_tokens}/"
               f"{measured.num_accepted_tokens} per position {counts}; replay {rep.num_drafts}/{rep.num_draft_tokens}/"
               f"{rep.num_accepted_tokens} per position {list(rep.accepted_per_pos)}, cut off {list(rep.truncated_per_pos)}")
-    # a model draft drafts k tokens at every decode step: the same steps, so the same drafts
-    assert (rep.num_drafts, rep.num_draft_tokens) == (measured.num_drafts, measured.num_draft_tokens), report
-    assert rep.num_draft_tokens == K * rep.num_drafts
+    # a model draft drafts k tokens at every decode step: the same steps, so the same drafts (a near
+    # tie between the draft's top tokens falling the other way in the engine would move a step: 1 %)
+    assert abs(rep.num_drafts - measured.num_drafts) <= 0.01 * measured.num_drafts, report
+    assert rep.num_draft_tokens == K * rep.num_drafts and measured.num_draft_tokens == K * measured.num_drafts
     # the engine compared the positions max_tokens cut off with tokens the replay cannot see
+    slack = 0.01 * measured.num_drafts
     for i, c in enumerate(counts):
-        assert rep.accepted_per_pos[i] <= c <= rep.accepted_per_pos[i] + rep.truncated_per_pos[i], report
+        assert rep.accepted_per_pos[i] - slack <= c <= rep.accepted_per_pos[i] + rep.truncated_per_pos[i] + slack, report
     # what predictions read: those positions counted as likely accepted, within 1 % of vLLM's length
     predicted = rep.profile().mean_acceptance_length
     assert abs(predicted / measured.mean_acceptance_length - 1) < 0.01, (predicted, report)

@@ -37,6 +37,7 @@ from spectune.predict._learned import LearnedAcceptance, TrainingTrial
 from spectune.predict._measured import mean_over_engines
 from spectune.predict._rank import PRIOR_ALPHA, Prediction, StudyInputs, measured_prediction, predict_candidates
 from spectune.predict._replay import (
+    DRAFT_REPLAY_SPREAD,
     DraftGuesses,
     ReplayAcceptance,
     ReplayRequest,
@@ -53,6 +54,7 @@ from spectune.predict._table import levels_table, predictions_table
 __all__ = [
     "COST_PRIORS",
     "DEFAULT_MARGIN",
+    "DRAFT_REPLAY_SPREAD",
     "PRIOR_ALPHA",
     "AcceptanceProfile",
     "BatchSchedule",

@@ -19,7 +19,8 @@ counts them as rejected; ``num_truncated_drafts`` and ``truncated_per_pos`` say 
 happened and at which positions, so the engine's own counts lie between ``accepted_per_pos``
 and ``accepted_per_pos + truncated_per_pos``. Predictions read ``expected_per_pos``: each cut
 position counted with the chance that it would have been accepted, the product of the
-conditional acceptance of the positions from the cut on, as the drafts not cut measured it. With
+conditional acceptance of the positions from the cut on, as the positions compared with real
+tokens measured it. With
 temperature > 0 the recorded output is one sample among many and the replay is approximate.
 """
 
@@ -36,7 +37,7 @@ from spectune.predict._acceptance import AcceptanceProfile
 if TYPE_CHECKING:
     from spectune.counters import Acceptance
 
-__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DraftGuesses", "ReplayAcceptance", "ReplayRequest", "cached_draft_guesses",
+__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DRAFT_REPLAY_SPREAD", "DraftGuesses", "ReplayAcceptance", "ReplayRequest", "cached_draft_guesses",
            "draft_guesses", "replay_draft", "replay_ngram", "replay_suffix", "suffix_available"]
 
 logger = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class _Tally:
         self.per_pos = [0] * k
         self.cut_pos = [0] * k
         self.cuts: list[tuple[int, int]] = []  # (first position cut off, draft length) per cut draft
-        self.reached = [0] * k  # positions compared in drafts not cut: accepted up to them
+        self.reached = [0] * k  # positions compared with real tokens: accepted up to them
         self.whole_pos = [0] * k  # ... and accepted
 
     def step(self, draft: Sequence[int], output: Sequence[int], n: int) -> int:
@@ -140,6 +141,9 @@ class _Tally:
                 for i in range(a, min(len(draft), self.k)):
                     self.cut_pos[i] += 1
                 self.cuts.append((a, min(len(draft), self.k)))
+                for i in range(min(a, self.k)):  # compared with real tokens, and accepted
+                    self.reached[i] += 1
+                    self.whole_pos[i] += 1
             else:
                 for i in range(min(a + 1, len(draft), self.k)):
                     self.reached[i] += 1
@@ -153,7 +157,9 @@ class _Tally:
 
     def expected(self) -> tuple[float, ...]:
         """``per_pos`` plus, for each cut draft, each cut position's chance of acceptance."""
-        cond = [w / r if r else 0.0 for w, r in zip(self.whole_pos, self.reached, strict=True)]
+        cond: list[float] = []
+        for w, r in zip(self.whole_pos, self.reached, strict=True):  # a position never reached: as the one before
+            cond.append(w / r if r else cond[-1] if cond else 0.0)
         out = [float(x) for x in self.per_pos]
         for first, length in self.cuts:
             chance = 1.0
@@ -339,13 +345,18 @@ def draft_guesses(requests: Iterable[ReplayRequest], model: str, *, dtype: str |
     return DraftGuesses(model=model, dtype=str(dtype), requests=tuple(out))
 
 
+DRAFT_REPLAY_SPREAD = 0.02
+"""Relative interval of a replayed draft's tokens per step: what the numerics of transformers
+and the engine's kernels can move (near ties between the draft's top tokens; the largest
+difference seen, 1.6 % of acceptance length, was on SmolLM2 in bfloat16)."""
+
 DRAFT_REPLAY_MAX_BYTES = 4 * 2**30
 """Largest draft (weights on disk) that :func:`cached_draft_guesses` runs on the CPU: about 2B
 parameters in bfloat16, a minute or so over a study's outputs on a server's cores."""
 
 _GUESSES: dict[tuple[str, str, int], DraftGuesses] = {}
 _GUESSES_KEPT = 8
-_REFUSED: set[str] = set()
+_REFUSED: set[tuple[str, str]] = set()  # (draft, dtype) that did not run: not tried again
 
 
 def _local_weights(model: str) -> Path | None:
@@ -365,30 +376,33 @@ def _local_weights(model: str) -> Path | None:
 def cached_draft_guesses(requests: Sequence[ReplayRequest], model: str, *,
                          dtype: str | None = None) -> DraftGuesses | None:
     """:func:`draft_guesses`, kept per draft, dtype and outputs for the life of the process
-    (guided search predicts again after every trial); None, logged once per draft, when the
-    draft is not on this machine, is larger than :data:`DRAFT_REPLAY_MAX_BYTES` or does not load.
-    Predictions then fall back to the draft's measured trials, the learned model or the prior."""
+    (guided search predicts again after every trial); None when the draft is not on this machine
+    (asked again next time), or, logged once per draft and dtype, when it is larger than
+    :data:`DRAFT_REPLAY_MAX_BYTES` or does not load or run. Predictions then fall back to the
+    draft's measured trials, the learned model or the prior."""
     pairs = _pairs(requests)
     key = (model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
     if key in _GUESSES:
         return _GUESSES[key]
-    if model in _REFUSED:
+    if key[:2] in _REFUSED:
         return None
     folder = _local_weights(model)
-    size = sum(f.stat().st_size for f in folder.iterdir() if f.suffix in (".safetensors", ".bin", ".pt")) \
-        if folder is not None else 0
-    why = ("its weights are not on this machine" if folder is None else
-           f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB to run "
-           "on the CPU" if size > DRAFT_REPLAY_MAX_BYTES else None)
-    guesses = None
-    if why is None:
-        try:
+    if folder is None:  # not remembered: the first draft trial's engine may download it
+        logger.info("draft %s is not replayed offline: its weights are not on this machine", model)
+        return None
+    try:
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
+        if size > DRAFT_REPLAY_MAX_BYTES:
+            why = (f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB "
+                   "to run on the CPU")
+            guesses = None
+        else:
             guesses = draft_guesses(requests, str(folder), dtype=dtype)
-        except (ImportError, OSError, ValueError, RuntimeError) as exc:
-            why = f"it did not load or run in transformers ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # noqa: BLE001 - any checkpoint transformers cannot run: no replay, logged
+        why, guesses = f"it did not load or run in transformers ({type(exc).__name__}: {exc})", None
     if guesses is None:
-        _REFUSED.add(model)
-        logger.info("draft %s is not replayed offline: %s", model, why)
+        _REFUSED.add(key[:2])
+        logger.warning("draft %s is not replayed offline: %s", model, why)
         return None
     guesses = DraftGuesses(model=model, dtype=guesses.dtype, requests=guesses.requests)
     if len(_GUESSES) >= _GUESSES_KEPT:
@@ -403,9 +417,10 @@ def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = N
 
     The draft proposes ``k`` tokens at every decode step; the ``i``-th is its argmax after the
     context and the ``i - 1`` drafted before it, which is ``guess[n + i]`` as long as those were
-    the target's (past the first rejected one, what it drafts no longer counts). Exact up to the
-    numerics of the two implementations: a near tie between the draft's top tokens can fall the
-    other way in the engine's kernels.
+    the target's (past the first rejected one, what it drafts no longer counts). Near
+    ``max_model_len`` the engine schedules fewer: at most ``max_model_len - 1`` tokens in all. Exact
+    up to the numerics of the two implementations: a near tie between the draft's top tokens can
+    fall the other way in the engine's kernels.
 
     Raises:
         ValueError: ``k < 1``.
@@ -418,9 +433,8 @@ def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = N
         tally.requests += 1
         n = 1
         while n < len(output):
-            draft: Sequence[int] = ()
-            if prompt_len + n < limit:
-                known = guess[n : n + k]
-                draft = (*known, *([-1] * (k - len(known))))  # past the recorded output: unknown, never equal
+            room = min(k, limit - prompt_len - n - 1)  # the scheduler's cap near max_model_len
+            known = guess[n : n + max(room, 0)]
+            draft = (*known, *([-1] * (room - len(known))))  # past the recorded output: unknown, never equal
             n += tally.step(draft, output, n)
     return tally.result()
