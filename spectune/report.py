@@ -602,7 +602,7 @@ def render_html(view: StudyView) -> str:
         parts.append(f"<p id='best'><strong>Best configuration:</strong> {verdict} (trial {row.number}): "
                      f"{e(ctx.choice.reason)}.</p>")
         if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
-            parts.append(f"<p>{e(spread[0].upper() + spread[1:])}.</p>")
+            parts.append(f"<p>{e(spread)}</p>")
         if ctx.yaml is not None:
             parts.append(f"<p>As <code>vllm serve --config best.yaml</code>:</p><pre>{e(ctx.yaml)}</pre>")
     parts.append("<h2>Figures</h2><div class='figs'>")
@@ -648,7 +648,7 @@ def render_markdown(view: StudyView) -> str:
     else:
         lines += [f"**Best configuration:** {_best_line(ctx.choice)}", ""]
         if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
-            lines += [spread[0].upper() + spread[1:] + ".", ""]
+            lines += [spread, ""]
         if ctx.yaml is not None:
             lines += ["```yaml", ctx.yaml.rstrip(), "```", ""]
     header = _trial_header(view)

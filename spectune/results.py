@@ -135,8 +135,8 @@ def engine_spread_note(spread: float | None) -> str | None:
     (None when the study has not measured one, or found engines alike)."""
     if not spread:
         return None
-    return (f"engine starts of one configuration differ by {spread:.1%} here (pooled over those measured "
-            "twice): a configuration measured on one engine is taken as that uncertain")
+    return (f"Engine starts of one configuration differ by {spread:.1%} here (pooled over those measured "
+            "twice): a configuration measured on one engine is taken as that uncertain.")
 
 
 @dataclass(frozen=True)

@@ -301,7 +301,7 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     assert choice.noise_band == pytest.approx(chosen.noise + base.noise)
     console = Console(record=True, width=300, color_system=None)
     render_study(view, console)
-    assert f"engine starts of one configuration differ by {spread:.1%}" in console.export_text()
+    assert f"Engine starts of one configuration differ by {spread:.1%}" in console.export_text()
     # the choice carries it into the provenance and the report
     from spectune.export import export_best
     from spectune.report import write_report

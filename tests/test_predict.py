@@ -127,10 +127,10 @@ def test_draft_replay_counts_steps_as_the_engine_and_expects_what_max_tokens_cut
     # guess[n]: the draft's argmax after prompt + output[:n]; the last one looks past the output
     wrong_at_3 = (2, (10, 11, 12, 13, 14, 15), (10, 11, 12, 99, 14, 15, 77))
     all_right = (1, (20, 21, 22, 23, 24, 25, 26, 27), (20, 21, 22, 23, 24, 25, 26, 27, 5))
-    one = replay_draft(DraftGuesses("d", "float32", (wrong_at_3,)), 1)
+    one = replay_draft(DraftGuesses((wrong_at_3,)), 1)
     # n=1 draft [11] accepted -> n=3; [99] against 13 rejected -> n=4; [14] accepted -> n=6, the end
     assert (one.num_drafts, one.num_accepted_tokens, one.num_steps, one.num_truncated_drafts) == (3, 2, 3, 0)
-    three = replay_draft(DraftGuesses("d", "float32", (wrong_at_3, all_right)), 3)
+    three = replay_draft(DraftGuesses((wrong_at_3, all_right)), 3)
     # first request: [11, 12, 99] two accepted -> n=4; [14, 15, 77] where the output ends after 15: cut
     # second: [21, 22, 23] and [25, 26, 27], all accepted
     assert (three.num_drafts, three.num_draft_tokens, three.num_accepted_tokens) == (4, 12, 10)
@@ -142,10 +142,10 @@ def test_draft_replay_counts_steps_as_the_engine_and_expects_what_max_tokens_cut
     assert three.profile().mean_acceptance_length == pytest.approx(1 + (10 + 2 / 3) / 4)
     # near max_model_len the scheduler drafts only up to max_model_len - 1 tokens in all: with 2
     # prompt tokens and a limit of 6, n=1 drafts [11, 12] (both accepted) -> n=4 drafts nothing
-    near = replay_draft(DraftGuesses("d", "float32", (wrong_at_3,)), 3, max_model_len=6)
+    near = replay_draft(DraftGuesses((wrong_at_3,)), 3, max_model_len=6)
     assert (near.num_drafts, near.num_draft_tokens, near.num_accepted_tokens, near.num_steps) == (1, 2, 2, 3)
     with pytest.raises(ValueError, match="k must be >= 1"):
-        replay_draft(DraftGuesses("d", "float32", (wrong_at_3,)), 0)
+        replay_draft(DraftGuesses((wrong_at_3,)), 0)
 
 
 # -- cost model ---------------------------------------------------------------------------------------

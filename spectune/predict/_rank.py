@@ -42,7 +42,6 @@ from spectune.predict._measured import (
     suffix_params,
 )
 from spectune.predict._replay import (
-    DRAFT_REPLAY_SPREAD,
     ReplayAcceptance,
     cached_draft_guesses,
     replay_draft,
@@ -131,11 +130,6 @@ class _Accept:
     note: str = ""
 
 
-def _exact(source: str, profile: AcceptanceProfile, note: str = "") -> _Accept:
-    e = profile.tokens_per_step
-    return _Accept(source, profile, Estimate(e, e, e), note)
-
-
 def _replay(spec: SpecConfig, baseline: Measurement) -> ReplayAcceptance | None:
     has_ids = any(r.ok and r.token_ids and r.prompt_token_ids is not None for r in baseline.requests)
     if not has_ids:
@@ -209,16 +203,13 @@ def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Meas
             replays[key] = _replay(spec, baseline)
         rep = replays[key]
         if rep is not None:
-            draft = spec.method is Method.DRAFT_MODEL
             note = f"{rep.num_drafts} drafts over {rep.num_requests} requests" + (
-                ", the draft run offline" if draft else "")
+                ", the draft run offline" if spec.method is Method.DRAFT_MODEL else "")
             if baseline.workload.sampling.temperature > 0:
                 note += "; temperature > 0: approximate"
-            if draft:  # exact but for the numerics of two implementations
-                e = rep.profile().tokens_per_step
-                return _Accept("replay", rep.profile(), Estimate(e, max(1.0, e * (1 - DRAFT_REPLAY_SPREAD)),
-                                                                 e * (1 + DRAFT_REPLAY_SPREAD)), note)
-            return _exact("replay", rep.profile(), note)
+            profile = rep.profile()
+            e = profile.tokens_per_step
+            return _Accept("replay", profile, Estimate(e, max(1.0, e * (1 - rep.spread)), e * (1 + rep.spread)), note)
     found = _from_measured(spec, k, measured)
     if found is not None:
         return found

@@ -77,6 +77,9 @@ class ReplayAcceptance:
     expected_per_pos: tuple[float, ...] = ()
     """``accepted_per_pos`` with the positions cut off counted as likely accepted (see the module
     docstring); ``accepted_per_pos`` itself when nothing was cut."""
+    spread: float = 0.0
+    """Relative uncertainty of the replayed tokens per step: 0 where the replay runs the
+    engine's own proposer code, :data:`DRAFT_REPLAY_SPREAD` for a draft model run elsewhere."""
 
     @property
     def acceptance_rate(self) -> float:
@@ -120,11 +123,9 @@ class _Tally:
         self.k = k
         self.drafts = self.draft_tokens = self.accepted = self.requests = 0
         self.steps = self.decode_tokens = self.truncated = 0
-        self.per_pos = [0] * k
-        self.cut_pos = [0] * k
+        self.per_pos = [0] * k  # accepted at each position
+        self.reached = [0] * k  # compared with real tokens at each position: accepted up to it
         self.cuts: list[tuple[int, int]] = []  # (first position cut off, draft length) per cut draft
-        self.reached = [0] * k  # positions compared with real tokens: accepted up to them
-        self.whole_pos = [0] * k  # ... and accepted
 
     def step(self, draft: Sequence[int], output: Sequence[int], n: int) -> int:
         """Count one decode step at ``n`` output tokens; return the tokens it yields."""
@@ -136,18 +137,12 @@ class _Tally:
             truth = output[n : n + len(draft)]
             while a < len(truth) and int(draft[a]) == int(truth[a]):
                 a += 1
-            if a == len(truth) < len(draft):  # the rest was compared with tokens cut off
+            cut = a == len(truth) < len(draft)  # the rest was compared with tokens cut off
+            if cut:
                 self.truncated += 1
-                for i in range(a, min(len(draft), self.k)):
-                    self.cut_pos[i] += 1
                 self.cuts.append((a, min(len(draft), self.k)))
-                for i in range(min(a, self.k)):  # compared with real tokens, and accepted
-                    self.reached[i] += 1
-                    self.whole_pos[i] += 1
-            else:
-                for i in range(min(a + 1, len(draft), self.k)):
-                    self.reached[i] += 1
-                    self.whole_pos[i] += i < a
+            for i in range(min(a if cut else a + 1, len(draft), self.k)):
+                self.reached[i] += 1
             self.accepted += a
             for i in range(min(a, self.k)):
                 self.per_pos[i] += 1
@@ -158,7 +153,7 @@ class _Tally:
     def expected(self) -> tuple[float, ...]:
         """``per_pos`` plus, for each cut draft, each cut position's chance of acceptance."""
         cond: list[float] = []
-        for w, r in zip(self.whole_pos, self.reached, strict=True):  # a position never reached: as the one before
+        for w, r in zip(self.per_pos, self.reached, strict=True):  # a position never reached: as the one before
             cond.append(w / r if r else cond[-1] if cond else 0.0)
         out = [float(x) for x in self.per_pos]
         for first, length in self.cuts:
@@ -168,12 +163,16 @@ class _Tally:
                 out[i] += chance
         return tuple(out)
 
-    def result(self) -> ReplayAcceptance:
+    def result(self, spread: float = 0.0) -> ReplayAcceptance:
+        cut_pos = [0] * self.k
+        for first, length in self.cuts:
+            for i in range(first, length):
+                cut_pos[i] += 1
         return ReplayAcceptance(
             num_drafts=self.drafts, num_draft_tokens=self.draft_tokens, num_accepted_tokens=self.accepted,
             accepted_per_pos=tuple(self.per_pos), num_requests=self.requests, num_steps=self.steps,
             num_decode_tokens=self.decode_tokens, num_truncated_drafts=self.truncated,
-            truncated_per_pos=tuple(self.cut_pos), expected_per_pos=self.expected(),
+            truncated_per_pos=tuple(cut_pos), expected_per_pos=self.expected(), spread=spread,
         )
 
 
@@ -221,7 +220,7 @@ def replay_ngram(
             total = len(prompt) + n
             draft = propose(tokens[:total], prompt_lookup_min, prompt_lookup_max, limit, k) if total < limit else ()
             n += tally.step(draft, output, n)
-    return tally.result()
+    return tally.result(spread=DRAFT_REPLAY_SPREAD)
 
 
 def suffix_available() -> bool:
@@ -299,8 +298,6 @@ class DraftGuesses:
     length and ``guess[n]``, the draft's argmax after ``prompt + output[:n]`` (``n`` from 0 to
     the output's length), from one teacher-forced forward pass (:func:`draft_guesses`)."""
 
-    model: str
-    dtype: str
     requests: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
     """``(prompt length, output, guesses)`` per request."""
 
@@ -342,7 +339,7 @@ def draft_guesses(requests: Iterable[ReplayRequest], model: str, *, dtype: str |
             # positions len(prompt) - 1 .. end: the draft's next token after prompt + output[:n]
             logits = draft(input_ids=ids, logits_to_keep=len(output) + 1).logits[0]
             out.append((len(prompt), tuple(output), tuple(int(t) for t in logits.argmax(-1).tolist())))
-    return DraftGuesses(model=model, dtype=str(dtype), requests=tuple(out))
+    return DraftGuesses(tuple(out))
 
 
 DRAFT_REPLAY_SPREAD = 0.02
@@ -404,7 +401,6 @@ def cached_draft_guesses(requests: Sequence[ReplayRequest], model: str, *,
         _REFUSED.add(key[:2])
         logger.warning("draft %s is not replayed offline: %s", model, why)
         return None
-    guesses = DraftGuesses(model=model, dtype=guesses.dtype, requests=guesses.requests)
     if len(_GUESSES) >= _GUESSES_KEPT:
         _GUESSES.pop(next(iter(_GUESSES)))
     _GUESSES[key] = guesses
@@ -437,4 +433,4 @@ def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = N
             known = guess[n : n + max(room, 0)]
             draft = (*known, *([-1] * (room - len(known))))  # past the recorded output: unknown, never equal
             n += tally.step(draft, output, n)
-    return tally.result()
+    return tally.result(spread=DRAFT_REPLAY_SPREAD)
