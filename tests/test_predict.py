@@ -140,6 +140,12 @@ def test_draft_replay_counts_steps_as_the_engine_and_expects_what_max_tokens_cut
     assert three.expected_per_pos == pytest.approx((4, 4, 2 + 2 / 3))
     assert three.mean_acceptance_length == 3.5  # the engine's counters lie between the two
     assert three.profile().mean_acceptance_length == pytest.approx(1 + (10 + 2 / 3) / 4)
+    # the draft runs in transformers, not in the engine: its replay carries an interval, vLLM's own
+    # n-gram code replayed does not
+    from spectune.predict import DRAFT_REPLAY_SPREAD, replay_ngram
+
+    assert three.spread == DRAFT_REPLAY_SPREAD > 0
+    assert replay_ngram([_req([5, 6, 7], [5, 6, 7, 5, 6])], 2, 1, 3).spread == 0.0
     # near max_model_len the scheduler drafts only up to max_model_len - 1 tokens in all: with 2
     # prompt tokens and a limit of 6, n=1 drafts [11, 12] (both accepted) -> n=4 drafts nothing
     near = replay_draft(DraftGuesses((wrong_at_3,)), 3, max_model_len=6)

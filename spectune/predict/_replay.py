@@ -220,7 +220,7 @@ def replay_ngram(
             total = len(prompt) + n
             draft = propose(tokens[:total], prompt_lookup_min, prompt_lookup_max, limit, k) if total < limit else ()
             n += tally.step(draft, output, n)
-    return tally.result(spread=DRAFT_REPLAY_SPREAD)
+    return tally.result()
 
 
 def suffix_available() -> bool:
@@ -349,7 +349,7 @@ difference seen, 1.6 % of acceptance length, was on SmolLM2 in bfloat16)."""
 
 DRAFT_REPLAY_MAX_BYTES = 4 * 2**30
 """Largest draft (weights on disk) that :func:`cached_draft_guesses` runs on the CPU: about 2B
-parameters in bfloat16, a minute or so over a study's outputs on a server's cores."""
+parameters in bfloat16 (its forward passes grow with its size and the study's output tokens)."""
 
 _GUESSES: dict[tuple[str, str, int], DraftGuesses] = {}
 _GUESSES_KEPT = 8
