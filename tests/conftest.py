@@ -9,10 +9,14 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from spectune.config import EngineArgs
+
+if TYPE_CHECKING:
+    import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,6 +126,22 @@ def group_is_gone(pgid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+def engine_children(pid: int) -> list[psutil.Process]:
+    """The engines (children with ``--port``) that process ``pid`` has started and still runs.
+
+    A child that has just exited (a zombie not yet reaped) or gone is passed over: its
+    command line cannot be read, and it is no running engine.
+    """
+    import psutil
+
+    engines = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):
+            if "--port" in child.cmdline():
+                engines.append(child)
+    return engines
 
 
 def recording_server(traces: list[EngineTrace]):  # noqa: ANN201

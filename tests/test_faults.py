@@ -25,6 +25,7 @@ from conftest import (
     REPO,
     EngineTrace,
     assert_engine_gone,
+    engine_children,
     group_is_gone,
     recording_server,
     study_config,
@@ -207,7 +208,7 @@ def test_kill_9_of_spectune_takes_the_engine_and_the_next_run_recovers(tiny_mode
     try:
         while engine is None and time.monotonic() < deadline:
             time.sleep(0.5)
-            engines = [p for p in psutil.Process(proc.pid).children() if "--port" in p.cmdline()]
+            engines = engine_children(proc.pid)
             engine = engines[0] if engines else None
         assert engine is not None, "no engine started"
         pgid = os.getpgid(engine.pid)

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import optuna
-import psutil
 import pytest
 import yaml
 
-from conftest import group_is_gone, study_config
+from conftest import engine_children, group_is_gone, study_config
 from spectune.export import export_best, vllm_config
 from spectune.results import open_study
 from spectune.storage import MeasurementStore
@@ -177,7 +176,7 @@ def test_ctrl_c_stops_the_engine_and_the_next_run_resumes(tiny_models, repetitiv
             except KeyError:
                 continue
             running = [t for t in study.get_trials() if t.state.name == "RUNNING" and t.number == 1]
-            engines = [p for p in psutil.Process(proc.pid).children() if "--port" in p.cmdline()]
+            engines = engine_children(proc.pid)
             if running and engines:  # the engine, not the watchdog beside it
                 engine_pgid = os.getpgid(engines[0].pid)
         assert engine_pgid is not None, "trial 1 never started an engine"
