@@ -70,7 +70,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from spectune._util import atomic_write_text, load_yaml_file  # noqa: E402
-from spectune.landscape import Landscape  # noqa: E402
+from spectune.landscape import Landscape, LandscapePoint  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "benchmarks" / "landscapes" / "tiny.yaml"
 DEFAULT_LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny.json"
@@ -293,31 +293,38 @@ def _lag1(series: list[float]) -> float | None:
 
 def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[str, Any]:
     """How fast each engine was, apart from its configuration: the median TTFT of the same
-    prompts (speculation does not touch the prefill), and the objective of each method scaled by
-    its engine's TTFT against the baseline's (min, max per method; a throughput is multiplied by
-    the ratio, a latency divided by it). With several engine starts
+    prompts (speculation does not touch the prefill), and the objective of each method brought
+    to its method's typical engine by it, as the cost model does
+    (:func:`spectune.predict._cost.engine_speed`; min, max per method). With several engine starts
     per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
-    (``single_engine_error``), the same after scaling each start by its TTFT
+    (``single_engine_error``), the same after bringing each start to the typical engine
     (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine), the largest
     max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
     start's deviation from its candidate's mean with that of the start recorded next, whatever
     its candidate (near 0: each engine is fast or slow on its own; toward 1: the machine drifts,
     and starts close in time share it)."""
-    def scaled(value: float, ttft: float) -> float:  # a slow engine's throughput up, its latency down
-        return value * ttft if maximize else value / ttft
+    from spectune.predict._cost import engine_speed
 
     speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
     for p in landscape.points:
         value = landscape.value(p, objective)
         if value is not None and p.measurement is not None and p.measurement.ttft_ms.median:
             speed[id(p)] = (value, p.measurement.ttft_ms.median)
-    base_ttft = statistics.fmean(speed[id(p)][1] for p in landscape.points
-                                 if id(p) in speed and p.spec.get("method", "none") == "none")
+    ttfts: dict[str, list[float]] = {}
+    for p in landscape.points:
+        if id(p) in speed:
+            ttfts.setdefault(p.spec.get("method", "none"), []).append(speed[id(p)][1])
+    typical = {method: statistics.median(values) for method, values in ttfts.items()}
+
+    def scaled(p: LandscapePoint) -> float:  # a fast engine's throughput down, its latency up
+        value, ttft = speed[id(p)]
+        s = engine_speed(ttft, typical[p.spec.get("method", "none")])
+        return value / s if maximize else value * s
+
     by_method: dict[str, list[float]] = {}
     for p in landscape.points:
         if id(p) in speed:
-            value, ttft = speed[id(p)]
-            by_method.setdefault(p.spec.get("method", "none"), []).append(scaled(value, ttft / base_ttft))
+            by_method.setdefault(p.spec.get("method", "none"), []).append(scaled(p))
     out: dict[str, Any] = {
         "ttft_ms_min": min(t for _, t in speed.values()), "ttft_ms_max": max(t for _, t in speed.values()),
         "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in by_method.items()}}
@@ -331,7 +338,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
             continue
         raw = [v for _, (v, _) in ok]
         raw_mean = statistics.fmean(raw)
-        for values, errs in ((raw, raw_err), ([scaled(v, t) for _, (v, t) in ok], scaled_err)):
+        for values, errs in ((raw, raw_err), ([scaled(p) for p, _ in ok], scaled_err)):
             mean = statistics.fmean(values)
             errs.extend(abs(v / mean - 1.0) for v in values)
         deviations.extend((p.measurement.started_at, v / raw_mean - 1.0)
@@ -428,11 +435,11 @@ def evaluate(args: argparse.Namespace) -> None:
     print(f"mean window noise of the landscape (MAD / median): {out['landscape_window_noise']:.3f}")
     speed = out["engine_speed"]
     print(f"median TTFT of the same prompts across engines: {speed['ttft_ms_min']:.0f}-{speed['ttft_ms_max']:.0f} ms; "
-          "scaled by it, " + ", ".join(f"{k} {v[0]:.3g}-{v[1]:.3g}" for k, v in speed["ttft_scaled_by_method"].items()))
+          "brought to its method's typical engine by it, " + ", ".join(f"{k} {v[0]:.3g}-{v[1]:.3g}" for k, v in speed["ttft_scaled_by_method"].items()))
     if "spread" in speed:
         sp = speed["spread"]
         print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
-              f"({sp['ttft_scaled_single_engine_error']:.1%} scaled by its TTFT); max/min of one candidate's "
+              f"({sp['ttft_scaled_single_engine_error']:.1%} brought to a typical engine by its TTFT); max/min of one candidate's "
               f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}"
               + (f"; correlation with the next start's deviation {c:.2f}"
                  if (c := sp["next_start_correlation"]) is not None else ""))

@@ -28,6 +28,7 @@ from spectune.predict import (
     replay_suffix,
     suffix_available,
 )
+from spectune.predict._cost import at_typical_speed, engine_gauge_ms
 from spectune.provenance import Hardware, Versions
 from spectune.trial import AcceptanceStats, LatencyStats, Measurement, RequestSample, WindowStats
 from spectune.workloads import WorkloadSpec
@@ -217,6 +218,37 @@ def test_a_configuration_measured_on_two_engines_counts_once_with_its_mean() -> 
     # unlabelled points are never merged
     assert fit_cost(t0, [CostPoint(Method.SUFFIX, None, 4, slow.tpot_ms, e[4]),
                          CostPoint(Method.SUFFIX, None, 4, fast.tpot_ms, e[4])]).n == 2
+
+
+def test_a_slow_engine_is_told_by_its_prefill_and_does_not_make_its_configuration_dear() -> None:
+    t0, c, overhead = 10.0, 0.2, 0.1
+    speed = {1: 1.0, 2: 1.3, 4: 0.8, 6: 1.0}  # each engine's time against a typical one (median 1)
+
+    def point(k: int, gauge: bool = True) -> CostPoint:
+        e = leviathan_expected_tokens(0.7, k)
+        return CostPoint(Method.NGRAM, None, k, t0 * (1 + overhead + c * k) / e * speed[k], e, f"k{k}",
+                         gauge_ms=40.0 * speed[k] if gauge else None)
+
+    told = fit_cost(t0, [point(k) for k in speed])
+    assert told.c == pytest.approx(c) and told.overhead == pytest.approx(overhead)
+    # the same engines without their gauge: the slow k=2 and the fast k=4 bend the fit
+    untold = fit_cost(t0, [point(k, gauge=False) for k in speed])
+    assert abs(untold.c - c) > 0.02
+    assert told.high - told.low < untold.high - untold.low
+    # one trial without a gauge: its proposer's times stay as measured
+    assert fit_cost(t0, [point(1), point(2, gauge=False), point(4), point(6)]).c == pytest.approx(untold.c)
+    # gauges compare within a proposer only: a draft model's prefill takes its own time
+    draft = CostPoint(Method.DRAFT_MODEL, "d", 4, 30.0, 2.5, "d4", gauge_ms=90.0)
+    scaled = at_typical_speed([draft, *(point(k) for k in speed)])
+    assert scaled[0] == draft
+    assert scaled[2].tpot_ms == pytest.approx(point(2).tpot_ms / 1.3)
+    # a prefill five times the typical one is a hiccup, not the engine's speed: left as measured
+    hiccup = CostPoint(Method.NGRAM, None, 2, point(2).tpot_ms, point(2).tokens_per_step, "k2", gauge_ms=200.0)
+    assert at_typical_speed([point(1), point(4), point(6), hiccup])[-1] == hiccup
+    # requests in flight together wait behind each other's decode steps: no gauge then
+    m = _measurement(SpecConfig(method=Method.NGRAM, num_speculative_tokens=2), 8.0, [0.5, 0.2])
+    assert engine_gauge_ms(m) == pytest.approx(50.0)
+    assert engine_gauge_ms(m.model_copy(update={"concurrency": 4})) is None
 
 
 # -- ranking over synthetic measurements -----------------------------------------------------------

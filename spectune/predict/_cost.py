@@ -14,6 +14,15 @@ than ``k`` tokens (suffix decoding's ``k`` is only a limit). ``overhead`` is wha
 step costs whatever it drafts (proposing, rejection sampling), fitted once a proposer has trials
 at several ``d`` (:func:`fit_cost`).
 
+Engines of one configuration differ in speed from one start to the next (on shared CPUs by
+10-20 %, more than many configurations differ). Each trial carries a gauge of its engine's speed
+apart from its configuration: its median TTFT at concurrency 1, the prefill of the same prompts,
+which the proposer's ``k`` does not touch (:attr:`CostPoint.gauge_ms`). Before fitting, each
+trial's time per token is brought to the typical engine of its proposer, scaled by the median
+gauge of the proposer's trials over its own (:func:`at_typical_speed`): a slow engine no longer
+reads as a dear configuration. The gauge is compared within a proposer only: a draft model's
+prefill, and n-gram's first step, take their own time.
+
 ``t0`` is the baseline's median TPOT. ``c`` is fitted per proposer (method and draft model,
 falling back to the method with other models) by least squares over its measured trials, with
 ``E`` and ``d`` from each trial's own counters; its interval spans the per-trial estimates of
@@ -43,7 +52,8 @@ from spectune.predict._measured import effective_k, measured_profile
 if TYPE_CHECKING:
     from spectune.trial import Measurement
 
-__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model"]
+__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "at_typical_speed", "engine_gauge_ms",
+           "engine_speed", "fit_cost", "fit_cost_model"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -83,6 +93,9 @@ class CostPoint:
     """Drafted tokens per step (``d``); None means ``k``."""
     noise: float = 0.0
     """Relative noise of this trial's TPOT (spread of its windows)."""
+    gauge_ms: float | None = None
+    """How long this trial's engine took for what no configuration of its proposer changes (the
+    median TTFT at concurrency 1); None where no such gauge is known."""
 
     @property
     def d(self) -> float:
@@ -108,7 +121,49 @@ class CostPoint:
                 return None
             time_ms = t0 * throughput_of.output_throughput / m.output_throughput
         return cls(spec.method, spec.model, k, time_ms, profile.tokens_per_step, spec.label(),
-                   drafted=profile.drafted_per_step, noise=_noise(m))
+                   drafted=profile.drafted_per_step, noise=_noise(m), gauge_ms=engine_gauge_ms(m))
+
+
+MAX_GAUGE_RATIO = 1.5
+"""A gauge further than this factor from its proposer's typical one is a hiccup of the prefill,
+not the engine's speed, and is not scaled by: on the recorded landscapes two starts of one
+configuration took up to 1.45x the TTFT of each other where their throughput followed, while a
+few starts took 4-9x the typical TTFT at a typical throughput."""
+
+
+def engine_gauge_ms(m: Measurement) -> float | None:
+    """The trial's median TTFT if requests ran one at a time: the prefill of the workload's
+    prompts, alone on the engine. With several requests in flight a prompt waits behind the
+    others' decode steps, which speculation shortens: no gauge then."""
+    ttft = m.ttft_ms.median
+    return ttft if m.concurrency == 1 and ttft is not None and ttft > 0 else None
+
+
+def at_typical_speed(points: Sequence[CostPoint]) -> list[CostPoint]:
+    """``points`` with each time per token scaled to its proposer's typical engine: by the
+    median gauge of the proposer's points over the point's own. A proposer with a point
+    lacking a gauge keeps its times as measured, and so does a point whose gauge lies more
+    than :data:`MAX_GAUGE_RATIO` from the typical one."""
+    groups: dict[tuple[Method, str | None], list[CostPoint]] = {}
+    for p in points:
+        groups.setdefault((p.method, p.model), []).append(p)
+    typical = {key: statistics.median(gauges) for key, group in groups.items()
+               if None not in (gauges := [p.gauge_ms for p in group])}
+    out = []
+    for p in points:
+        speed = engine_speed(p.gauge_ms, typical.get((p.method, p.model)))
+        out.append(p if speed == 1.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * speed))
+    return out
+
+
+def engine_speed(gauge_ms: float | None, typical_ms: float | None) -> float:
+    """How much faster than a typical engine of its proposer a trial's engine ran, by its gauge
+    (``typical / gauge``); 1.0 without a gauge or where it lies more than
+    :data:`MAX_GAUGE_RATIO` from the typical one."""
+    if not gauge_ms or not typical_ms:
+        return 1.0
+    speed = typical_ms / gauge_ms
+    return speed if 1.0 / MAX_GAUGE_RATIO <= speed <= MAX_GAUGE_RATIO else 1.0
 
 
 def _noise(m: Measurement) -> float:
@@ -162,8 +217,9 @@ def per_configuration(points: Sequence[CostPoint]) -> list[CostPoint]:
 
 
 def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") -> ProposerCost:
-    """Least squares of ``TPOT E / t0 - 1 = overhead + c d`` over ``points`` (all of one proposer;
-    a configuration measured on several engines counts once, :func:`per_configuration`).
+    """Least squares of ``TPOT E / t0 - 1 = overhead + c d`` over ``points`` (all of one proposer,
+    or of one method; each brought to its proposer's typical engine, :func:`at_typical_speed`; a
+    configuration measured on several engines counts once, :func:`per_configuration`).
 
     With :data:`MIN_OVERHEAD_POINTS` points whose ``d`` span at least 1, both the overhead and
     ``c`` are fitted (a speculative step on a small model or a fast GPU pays a fixed price for
@@ -179,7 +235,7 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") 
         raise ValueError("no measured trials to fit c on")
     if t0_ms <= 0:
         raise ValueError(f"baseline TPOT must be > 0, got {t0_ms}")
-    points = per_configuration(points)
+    points = per_configuration(at_typical_speed(points))
     ds = [p.d for p in points]
     ys = [p.tpot_ms * p.tokens_per_step / t0_ms - 1.0 for p in points]
     overhead = 0.0
