@@ -293,9 +293,9 @@ def _lag1(series: list[float]) -> float | None:
 
 def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[str, Any]:
     """How fast each engine was, apart from its configuration: the median TTFT of the same
-    prompts (speculation does not touch the prefill), and the objective of each method brought
-    to its method's typical engine by it, as the cost model does
-    (:func:`spectune.predict._cost.engine_speed`; min, max per method). With several engine starts
+    prompts, and the objective of each method brought to its proposer's typical engine by it, as
+    the cost model does (:func:`spectune.predict._cost.engine_speeds`; min, max per method; the
+    baseline as measured). With several engine starts
     per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
     (``single_engine_error``), the same after bringing each start to the typical engine
     (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine), the largest
@@ -303,22 +303,22 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     start's deviation from its candidate's mean with that of the start recorded next, whatever
     its candidate (near 0: each engine is fast or slow on its own; toward 1: the machine drifts,
     and starts close in time share it)."""
-    from spectune.predict._cost import engine_speed
+    from spectune.predict._cost import engine_gauge_ms, engine_speeds
+    from spectune.predict._measured import effective_k
 
     speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
     for p in landscape.points:
         value = landscape.value(p, objective)
         if value is not None and p.measurement is not None and p.measurement.ttft_ms.median:
             speed[id(p)] = (value, p.measurement.ttft_ms.median)
-    ttfts: dict[str, list[float]] = {}
-    for p in landscape.points:
-        if id(p) in speed:
-            ttfts.setdefault(p.spec.get("method", "none"), []).append(speed[id(p)][1])
-    typical = {method: statistics.median(values) for method, values in ttfts.items()}
+    gauged = [p for p in landscape.points if id(p) in speed and p.measurement is not None
+              and not p.measurement.spec.is_baseline]
+    engine = dict(zip(map(id, gauged), engine_speeds(
+        [(m.spec.method, m.spec.model, effective_k(m.spec) or 0, engine_gauge_ms(m))
+         for p in gauged if (m := p.measurement) is not None]), strict=True))
 
     def scaled(p: LandscapePoint) -> float:  # a fast engine's throughput down, its latency up
-        value, ttft = speed[id(p)]
-        s = engine_speed(ttft, typical[p.spec.get("method", "none")])
+        value, s = speed[id(p)][0], engine.get(id(p), 1.0)
         return value / s if maximize else value * s
 
     by_method: dict[str, list[float]] = {}

@@ -36,6 +36,12 @@ class Method(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @property
+    def drafts_from_text(self) -> bool:
+        """Whether the proposer drafts from the text alone, no model of its own running in the
+        engine's steps (n-gram lookup, suffix decoding)."""
+        return self in _MODEL_FREE
+
 
 # Methods whose proposer is a separate checkpoint that must be named.
 _NEEDS_MODEL = {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MLP_SPECULATOR, Method.MEDUSA}

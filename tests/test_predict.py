@@ -30,7 +30,7 @@ from spectune.predict import (
 )
 from spectune.predict._cost import at_typical_speed, engine_gauge_ms
 from spectune.provenance import Hardware, Versions
-from spectune.trial import AcceptanceStats, LatencyStats, Measurement, RequestSample, WindowStats
+from spectune.trial import AcceptanceStats, LatencyStats, LevelStats, Measurement, RequestSample, WindowStats
 from spectune.workloads import WorkloadSpec
 
 # -- truncation and Leviathan's formulas ----------------------------------------------------------
@@ -237,18 +237,41 @@ def test_a_slow_engine_is_told_by_its_prefill_and_does_not_make_its_configuratio
     assert told.high - told.low < untold.high - untold.low
     # one trial without a gauge: its proposer's times stay as measured
     assert fit_cost(t0, [point(1), point(2, gauge=False), point(4), point(6)]).c == pytest.approx(untold.c)
-    # gauges compare within a proposer only: a draft model's prefill takes its own time
-    draft = CostPoint(Method.DRAFT_MODEL, "d", 4, 30.0, 2.5, "d4", gauge_ms=90.0)
-    scaled = at_typical_speed([draft, *(point(k) for k in speed)])
-    assert scaled[0] == draft
-    assert scaled[2].tpot_ms == pytest.approx(point(2).tpot_ms / 1.3)
     # a prefill five times the typical one is a hiccup, not the engine's speed: left as measured
     hiccup = CostPoint(Method.NGRAM, None, 2, point(2).tpot_ms, point(2).tokens_per_step, "k2", gauge_ms=200.0)
     assert at_typical_speed([point(1), point(4), point(6), hiccup])[-1] == hiccup
+    # two trials do not make a typical engine: either could be the hiccup
+    assert at_typical_speed([point(2), point(4)]) == [point(2), point(4)]
+
+
+def test_gauges_compare_within_a_proposer_and_along_a_model_drafters_k() -> None:
+    ngram = [CostPoint(Method.NGRAM, None, k, 5.0, 2.0, f"n{k}", gauge_ms=g) for k, g in ((1, 32.0), (2, 40.0), (3, 52.0))]
+    # two draft models of one method, each on engines of the same speed, prefills near n-gram's
+    drafts = [CostPoint(Method.DRAFT_MODEL, model, 2, 8.0, 2.0, f"{model}{i}", gauge_ms=g)
+              for model, g in (("a", 50.0), ("b", 36.0)) for i in range(3)]
+    scaled = at_typical_speed([*ngram, *drafts])
+    assert scaled[3:] == drafts  # one median over all would have moved them
+    assert [p.tpot_ms for p in scaled[:3]] == pytest.approx([5.0 * 40 / 32, 5.0, 5.0 * 40 / 52])
+    # a model drafter runs its k passes in the prefill's step: its TTFT grows with k, whatever the engine
+    t0, c, overhead = 10.0, 0.25, 0.3
+
+    def draft(k: int, slow: float = 1.0) -> CostPoint:
+        e = leviathan_expected_tokens(0.6, k)
+        return CostPoint(Method.DRAFT_MODEL, "d", k, t0 * (1 + overhead + c * k) / e * slow, e, f"d{k}",
+                         gauge_ms=(30.0 + 3.0 * k) * slow)
+
+    along_k = [draft(k) for k in range(1, 7)]
+    assert [p.tpot_ms for p in at_typical_speed(along_k)] == pytest.approx([p.tpot_ms for p in along_k])
+    fitted = fit_cost(t0, [*along_k[:2], draft(3, slow=1.3), *along_k[3:]])
+    assert fitted.c == pytest.approx(c, rel=1e-4) and fitted.overhead == pytest.approx(overhead, rel=1e-4)
     # requests in flight together wait behind each other's decode steps: no gauge then
     m = _measurement(SpecConfig(method=Method.NGRAM, num_speculative_tokens=2), 8.0, [0.5, 0.2])
     assert engine_gauge_ms(m) == pytest.approx(50.0)
     assert engine_gauge_ms(m.model_copy(update={"concurrency": 4})) is None
+    # a sweep's level 1 is a gauge whatever the headline
+    one = LevelStats(concurrency=1, num_requests=4, num_failed=0, duration_seconds=1.0, output_throughput=90.0,
+                     tpot_median_ms=8.0, ttft_median_ms=61.0, acceptance=None)
+    assert engine_gauge_ms(m.model_copy(update={"concurrency": 4, "levels": [one]})) == pytest.approx(61.0)
 
 
 # -- ranking over synthetic measurements -----------------------------------------------------------

@@ -16,12 +16,15 @@ at several ``d`` (:func:`fit_cost`).
 
 Engines of one configuration differ in speed from one start to the next (on shared CPUs by
 10-20 %, more than many configurations differ). Each trial carries a gauge of its engine's speed
-apart from its configuration: its median TTFT at concurrency 1, the prefill of the same prompts,
-which the proposer's ``k`` does not touch (:attr:`CostPoint.gauge_ms`). Before fitting, each
-trial's time per token is brought to the typical engine of its proposer, scaled by the median
-gauge of the proposer's trials over its own (:func:`at_typical_speed`): a slow engine no longer
-reads as a dear configuration. The gauge is compared within a proposer only: a draft model's
-prefill, and n-gram's first step, take their own time.
+apart from its configuration: its median TTFT at concurrency 1, the prefill of the same prompts
+(:attr:`CostPoint.gauge_ms`). Before fitting, each trial's time per token is brought to the
+typical engine of its proposer by the ratio of the typical gauge to its own
+(:func:`at_typical_speed`): a slow engine no longer reads as a dear configuration. Gauges are
+compared within a proposer only (a draft model's prefill, and n-gram's first step, take their
+own time). For n-gram lookup and suffix decoding, which draft on the CPU from the text, the
+prefill does not depend on ``k`` and the typical gauge is the proposer's median; a model drafter
+(a draft model, EAGLE, MTP) runs its ``k`` passes inside the prefill's step, before the first
+token returns, so its typical gauge is a robust line over ``k`` (Theil-Sen).
 
 ``t0`` is the baseline's median TPOT. ``c`` is fitted per proposer (method and draft model,
 falling back to the method with other models) by least squares over its measured trials, with
@@ -53,7 +56,7 @@ if TYPE_CHECKING:
     from spectune.trial import Measurement
 
 __all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "at_typical_speed", "engine_gauge_ms",
-           "engine_speed", "fit_cost", "fit_cost_model"]
+           "engine_speed", "engine_speeds", "fit_cost", "fit_cost_model"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -132,35 +135,65 @@ few starts took 4-9x the typical TTFT at a typical throughput."""
 
 
 def engine_gauge_ms(m: Measurement) -> float | None:
-    """The trial's median TTFT if requests ran one at a time: the prefill of the workload's
-    prompts, alone on the engine. With several requests in flight a prompt waits behind the
-    others' decode steps, which speculation shortens: no gauge then."""
-    ttft = m.ttft_ms.median
-    return ttft if m.concurrency == 1 and ttft is not None and ttft > 0 else None
+    """The trial's median TTFT where requests ran one at a time (its headline, or a sweep's
+    level 1): the prefill of the workload's prompts, alone on the engine. With several requests
+    in flight a prompt waits behind the others' decode steps, which speculation shortens: no
+    gauge from those."""
+    level = m.at_concurrency(1)
+    ttft = level.ttft_median_ms if level is not None else None
+    return ttft if ttft is not None and ttft > 0 else None
+
+
+MIN_GAUGES = 3
+"""A proposer's trials needed for a typical gauge: with two, a hiccup pulls the typical halfway
+and the normal trial would be judged against it."""
 
 
 def at_typical_speed(points: Sequence[CostPoint]) -> list[CostPoint]:
-    """``points`` with each time per token scaled to its proposer's typical engine: by the
-    median gauge of the proposer's points over the point's own. A proposer with a point
-    lacking a gauge keeps its times as measured, and so does a point whose gauge lies more
-    than :data:`MAX_GAUGE_RATIO` from the typical one."""
-    groups: dict[tuple[Method, str | None], list[CostPoint]] = {}
-    for p in points:
-        groups.setdefault((p.method, p.model), []).append(p)
-    typical = {key: statistics.median(gauges) for key, group in groups.items()
-               if None not in (gauges := [p.gauge_ms for p in group])}
-    out = []
-    for p in points:
-        speed = engine_speed(p.gauge_ms, typical.get((p.method, p.model)))
-        out.append(p if speed == 1.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * speed))
-    return out
+    """``points`` with each time per token brought to its proposer's typical engine (multiplied by
+    :func:`engine_speeds`)."""
+    speeds = engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
+    return [p if s == 1.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * s) for p, s in zip(points, speeds, strict=True)]
+
+
+def engine_speeds(trials: Sequence[tuple[Method, str | None, int, float | None]]) -> list[float]:
+    """How much faster than a typical engine of its proposer each trial's engine ran, from
+    ``(method, model, k, gauge_ms)``: the typical gauge over its own (:func:`engine_speed`).
+
+    A proposer's typical gauge comes from its trials: their median for proposers that draft from
+    the text, a Theil-Sen line over ``k`` for model drafters (module docstring). A proposer with
+    fewer than :data:`MIN_GAUGES` trials, or with a trial lacking a gauge, gets 1.0 for all.
+    """
+    groups: dict[tuple[Method, str | None], list[int]] = {}
+    for i, (method, model, _, _) in enumerate(trials):
+        groups.setdefault((method, model), []).append(i)
+    speeds = [1.0] * len(trials)
+    for (method, _), members in groups.items():
+        gauges = [trials[i][3] for i in members]
+        if len(members) < MIN_GAUGES or any(g is None or g <= 0 for g in gauges):
+            continue
+        ks = [trials[i][2] for i in members]
+        typical = _typical_gauges(method, ks, [g for g in gauges if g is not None])
+        for i, t in zip(members, typical, strict=True):
+            speeds[i] = engine_speed(trials[i][3], t)
+    return speeds
+
+
+def _typical_gauges(method: Method, ks: Sequence[int], gauges: Sequence[float]) -> list[float]:
+    """The typical gauge at each trial's ``k`` (see :func:`engine_speeds`)."""
+    if method.drafts_from_text or len(set(ks)) < 2:
+        return [statistics.median(gauges)] * len(gauges)
+    from sklearn.linear_model import TheilSenRegressor
+
+    x = [[float(k)] for k in ks]
+    return [float(v) for v in TheilSenRegressor(random_state=0).fit(x, gauges).predict(x)]
 
 
 def engine_speed(gauge_ms: float | None, typical_ms: float | None) -> float:
-    """How much faster than a typical engine of its proposer a trial's engine ran, by its gauge
+    """How much faster than a typical engine a trial's engine ran, by its gauge
     (``typical / gauge``); 1.0 without a gauge or where it lies more than
     :data:`MAX_GAUGE_RATIO` from the typical one."""
-    if not gauge_ms or not typical_ms:
+    if not gauge_ms or not typical_ms or typical_ms <= 0:
         return 1.0
     speed = typical_ms / gauge_ms
     return speed if 1.0 / MAX_GAUGE_RATIO <= speed <= MAX_GAUGE_RATIO else 1.0
