@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import aiohttp
 
 from spectune.workloads import Prompt, WorkloadSpec
 
-__all__ = ["LoadResult", "RequestRecord", "run_load"]
+__all__ = ["LoadResult", "RequestRecord", "arrival_offsets", "run_load"]
 
 _logger = logging.getLogger(__name__)
 
@@ -162,6 +163,20 @@ async def _one_request(
     return rec
 
 
+def arrival_offsets(n: int, rate: float | None, seed: int = 0) -> list[float]:
+    """When each of ``n`` requests is due, in seconds from the window's start: all at once for a
+    fixed concurrency (``rate`` None), else a Poisson process at ``rate`` per second (exponential
+    gaps drawn from ``seed``, the first request at 0), as vLLM's benchmark sends them."""
+    if rate is None:
+        return [0.0] * n
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    for _ in range(n):
+        offsets.append(t)
+        t += rng.expovariate(rate)
+    return offsets
+
+
 async def _run(
     base_url: str, model: str, prompts: Sequence[Prompt], workload: WorkloadSpec,
     concurrency: int, progress: ProgressHook | None,
@@ -170,11 +185,14 @@ async def _run(
     connector = aiohttp.TCPConnector(limit=concurrency)
     sem = asyncio.Semaphore(concurrency)
     done = 0
+    due = arrival_offsets(len(prompts), workload.request_rate, workload.seed)
 
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
-        async def bounded(p: Prompt) -> RequestRecord:
+        async def bounded(p: Prompt, at: float) -> RequestRecord:
             nonlocal done
+            if at > 0:  # a Poisson arrival: wait for its time, then for a free slot under the cap
+                await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
             async with sem:
                 rec = await _one_request(session, base_url, model, p, workload)
             done += 1
@@ -183,7 +201,7 @@ async def _run(
             return rec
 
         t0 = time.perf_counter()
-        records = await asyncio.gather(*(bounded(p) for p in prompts))
+        records = await asyncio.gather(*(bounded(p, at) for p, at in zip(prompts, due, strict=True)))
         duration = time.perf_counter() - t0
     for rec in records:
         rec.start -= t0
@@ -200,7 +218,9 @@ def run_load(
     progress: ProgressHook | None = None,
     timeout: float | None = None,
 ) -> LoadResult:
-    """Send ``prompts`` with at most ``concurrency`` in flight; return what the client saw.
+    """Send ``prompts`` with at most ``concurrency`` in flight, all at once or, with the
+    workload's ``request_rate``, as Poisson arrivals (:func:`arrival_offsets`); return what the
+    client saw.
 
     A request that fails is recorded with its error, never raised: the caller decides
     whether the window is usable. ``timeout`` bounds the whole window and raises

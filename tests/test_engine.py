@@ -14,12 +14,14 @@ import pytest
 
 from conftest import EngineTrace, assert_engine_gone, recording_server, tiny_engine_args
 from spectune.config import Method, SpecConfig
+from spectune.load import arrival_offsets
 from spectune.trial import Measurement, measure
 from spectune.workloads import WorkloadSpec, load_prompts
 
 pytestmark = pytest.mark.engine
 
 K = 3
+RATE = 2.0  # requests per second of the n-gram run: Poisson arrivals over about 2.5 s
 
 
 def _workload(prompts: Path, **kw: object) -> WorkloadSpec:
@@ -45,9 +47,9 @@ def runs(tiny_models, repetitive_prompts: Path, traces: list[EngineTrace], tmp_p
     out["self_draft"] = measure(
         engine, SpecConfig(method=Method.DRAFT_MODEL, model=str(tiny_models.target), num_speculative_tokens=K),
         workload, prompts, log_dir=logs, server_factory=factory)
-    out["ngram"] = measure(  # kept off vLLM's compute CPUs, with the client (SPECTUNE_CPU_PIN=1)
+    out["ngram"] = measure(  # kept off vLLM's compute CPUs, with the client (SPECTUNE_CPU_PIN=1); Poisson arrivals
         tiny_engine_args(tiny_models.target, env={"SPECTUNE_CPU_PIN": "1"}), SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1, prompt_lookup_max=3),
-        workload, prompts, log_dir=logs, server_factory=factory)
+        _workload(repetitive_prompts, request_rate=RATE), prompts, log_dir=logs, server_factory=factory)
     proc = subprocess.run(
         [sys.executable, "-m", "spectune.cli", "measure", "--model", str(tiny_models.target),
          "--prompts", str(repetitive_prompts), "--spec", "none", "--max-tokens", "48", "--concurrency", "2",
@@ -74,6 +76,14 @@ def test_ngram_accepts_some_and_per_position_never_increases(runs: dict[str, Mea
     assert len(acc.per_position) == K
     assert all(a >= b for a, b in zip(acc.per_position, acc.per_position[1:]))
     assert acc.mean_acceptance_length == pytest.approx(1 + sum(acc.per_position))
+
+
+def test_a_request_rate_sends_the_requests_at_their_poisson_arrivals(runs: dict[str, Measurement]) -> None:
+    m = runs["ngram"]
+    assert m.workload.request_rate == RATE and m.num_failed == 0 and len(m.windows) == 1
+    due = arrival_offsets(m.num_requests, RATE, m.workload.seed)
+    # the window cannot end before its last request was due (sent at once, these six take well under it)
+    assert due[-1] > 1.0 and m.windows[0].duration_seconds >= due[-1]
 
 
 def test_greedy_outputs_identical_with_and_without_speculation(runs: dict[str, Measurement]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import socket
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from spectune.errors import ConfigError
+from spectune.load import arrival_offsets
 from spectune.workloads import (
     SHIPPED_NAMES,
     Prompt,
@@ -373,6 +375,17 @@ def test_workload_spec_old_fields_still_valid() -> None:
     assert spec.concurrency == 8 and spec.levels == [8] and spec.request_rate is None
     assert spec.sharegpt_mode == "first_turn"
     assert WorkloadSpec.model_validate(spec.model_dump()) == spec
+
+
+def test_request_rate_sends_poisson_arrivals_from_the_workload_seed() -> None:
+    gaps_of = lambda xs: [b - a for a, b in zip(xs, xs[1:])]  # noqa: E731
+    offsets = arrival_offsets(4000, 10.0, seed=3)
+    gaps = gaps_of(offsets)
+    assert offsets[0] == 0.0 and min(gaps) >= 0.0
+    assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.05)  # exponential gaps, mean 1 / rate
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1 * math.log(2), rel=0.1)  # median of an exponential
+    assert arrival_offsets(4000, 10.0, seed=3) == offsets and arrival_offsets(4000, 10.0, seed=4) != offsets
+    assert arrival_offsets(5, None) == [0.0] * 5  # a fixed concurrency: every request at once
 
 
 def test_workload_spec_load_shape() -> None:
