@@ -74,7 +74,9 @@ def measure(
     spec: Annotated[str, typer.Option(help="Speculative config as vLLM's JSON, or 'none'.")] = "none",
     num_prompts: Annotated[Optional[int], typer.Option(min=1, help="Prompts to send (default: all).")] = None,
     max_tokens: Annotated[int, typer.Option(min=1)] = 128,
-    concurrency: Annotated[int, typer.Option(min=1)] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (with --request-rate: at most).")] = 1,
+    request_rate: Annotated[Optional[float], typer.Option(
+        help="Requests per second as Poisson arrivals (as vllm bench serve); default: all at once, --concurrency at a time.")] = None,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     api: Annotated[str, typer.Option(help="completions or chat")] = "completions",
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up requests, excluded from the window.")] = 1,
@@ -107,7 +109,7 @@ def measure(
     }, "engine")
     workload = validate(WorkloadSpec, {
         "source": prompts, "num_prompts": num_prompts, "api": api, "concurrency": concurrency,
-        "warmup_requests": warmup, "sampling": {"max_tokens": max_tokens, "temperature": temperature},
+        "request_rate": request_rate, "warmup_requests": warmup, "sampling": {"max_tokens": max_tokens, "temperature": temperature},
     }, "workload")
     selected = load_prompts(workload)
     from spectune._progress import trial_progress

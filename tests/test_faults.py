@@ -287,6 +287,7 @@ def test_measure_refuses_bad_input_in_one_line_before_any_engine(tiny_models, re
     _one_line_exit_2(measure("--spec", '{"method": "ngram", "num_speculative_tokens": 0}'), "num_speculative_tokens")
     _one_line_exit_2(measure("--spec", "{not json"), "--spec")
     _one_line_exit_2(measure("--spec", "none", "--num-prompts", "0"), "--num-prompts")
+    _one_line_exit_2(measure("--spec", "none", "--request-rate", "0"), "request_rate")
 
 
 # -- export is atomic --------------------------------------------------------------------------
