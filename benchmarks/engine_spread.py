@@ -12,7 +12,9 @@ Figures per mode (``pinned``, ``unpinned``): output throughput, median TTFT and 
 start, their mean, max/min ratio and coefficient of variation. Before and after each start a
 probe times a pure-Python loop and a single-threaded matmul (``probe``, their mean), and
 ``probe_correlation`` is the correlation of each probe with the starts' throughput: whether
-the machine's own speed at the time tells a fast engine. Writes
+the machine's own speed at the time tells a fast engine; ``ttft_gauge``, whether the start's
+own TTFT does (its correlation with the throughput, and the throughput's CV once each start is
+brought to a typical engine by it, as the cost model does). Writes
 ``benchmarks/results/engine_spread.json``.
 """
 
@@ -75,6 +77,22 @@ def _correlations(rows: list[dict[str, Any]]) -> dict[str, float | None]:
         except statistics.StatisticsError:
             out[k] = None
     return out
+
+
+def _ttft_gauge(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Whether each start's TTFT tells its engine's speed: its correlation with the throughput,
+    and the throughput's CV once each start is brought to a typical engine by its TTFT, as the
+    cost model does (:func:`spectune.predict._cost.engine_speeds`)."""
+    from spectune.config import Method
+    from spectune.predict._cost import engine_speeds
+
+    thr, ttft = [r["output_throughput"] for r in rows], [r["ttft_median_ms"] for r in rows]
+    speeds = engine_speeds([(Method.NONE, None, 0, t) for t in ttft])
+    try:
+        corr: float | None = statistics.correlation(thr, ttft)
+    except statistics.StatisticsError:
+        corr = None
+    return {"correlation": corr, "cv_at_typical_speed": _spread([v / s for v, s in zip(thr, speeds, strict=True)])["cv"]}
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -140,6 +158,8 @@ def main() -> None:
     result["probe_correlation"] = {group: _correlations(rows) for group, rows in
                                    (*runs.items(), ("all", [r for rows in runs.values() for r in rows]))}
     print(f"correlation of throughput with the probes: {result['probe_correlation']}")
+    result["ttft_gauge"] = {mode: _ttft_gauge(rows) for mode, rows in runs.items()}
+    print(f"TTFT as the engine's gauge: {result['ttft_gauge']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(f"-> {args.out}")

@@ -378,9 +378,8 @@ def test_workload_spec_old_fields_still_valid() -> None:
 
 
 def test_request_rate_sends_poisson_arrivals_from_the_workload_seed() -> None:
-    gaps_of = lambda xs: [b - a for a, b in zip(xs, xs[1:])]  # noqa: E731
     offsets = arrival_offsets(4000, 10.0, seed=3)
-    gaps = gaps_of(offsets)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
     assert offsets[0] == 0.0 and min(gaps) >= 0.0
     assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.05)  # exponential gaps, mean 1 / rate
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1 * math.log(2), rel=0.1)  # median of an exponential

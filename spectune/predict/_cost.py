@@ -169,11 +169,10 @@ def engine_speeds(trials: Sequence[tuple[Method, str | None, int, float | None]]
         groups.setdefault((method, model), []).append(i)
     speeds = [1.0] * len(trials)
     for (method, _), members in groups.items():
-        gauges = [trials[i][3] for i in members]
-        if len(members) < MIN_GAUGES or any(g is None or g <= 0 for g in gauges):
+        gauges = [g for i in members if (g := trials[i][3]) is not None and g > 0]
+        if len(gauges) < max(MIN_GAUGES, len(members)):  # too few, or one trial without a gauge
             continue
-        ks = [trials[i][2] for i in members]
-        typical = _typical_gauges(method, ks, [g for g in gauges if g is not None])
+        typical = _typical_gauges(method, [trials[i][2] for i in members], gauges)
         for i, t in zip(members, typical, strict=True):
             speeds[i] = engine_speed(trials[i][3], t)
     return speeds
