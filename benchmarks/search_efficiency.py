@@ -9,7 +9,8 @@ candidate has N engine starts; ``--append`` adds them to the landscape already i
 The default is the tiny landscape: 31 candidates (none, n-gram, the tiny draft, suffix
 decoding) on the project's tiny models, HumanEval prompts, one request at a time::
 
-    python benchmarks/search_efficiency.py record           # ~20 min on 2 cores
+    python benchmarks/search_efficiency.py record           # ~15-20 min per pass on 2 cores
+    python benchmarks/search_efficiency.py record --starts 3  # the default landscape, 3 starts each
     python benchmarks/search_efficiency.py record --config my_study.yaml --out my.json
     python benchmarks/search_efficiency.py record --smollm2 --config benchmarks/landscapes/smollm2.yaml \
         --out benchmarks/landscapes/smollm2.json                                     # ~35 min

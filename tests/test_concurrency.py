@@ -50,7 +50,7 @@ def _with_levels(m: Measurement, tpot: dict[int, float], throughput: dict[int, f
 def sweep() -> tuple[Measurement, Measurement, float]:
     """The recorded tiny landscape's baseline and n-gram k=3, given sweeps at 1 and 8 that follow
     the law; and the n-gram trial's tokens per step."""
-    land = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny.json")
+    land = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny_one_start.json")
     by_label = {p.label: p.measurement for p in land.points}
     base, ngram = by_label["none"], by_label["ngram k=3 lookup=1..3"]
     assert base is not None and ngram is not None and base.concurrency == 1

@@ -313,7 +313,7 @@ def test_a_failed_export_leaves_the_earlier_export_intact(tiny_models, tmp_path:
     from spectune.results import open_study
     from spectune.study import run_study
 
-    landscape = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny.json").rebase(
+    landscape = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny_one_start.json").rebase(
         str(tiny_models.target), str(tiny_models.draft))
     config = landscape.config(storage=f"sqlite:///{tmp_path / 'x.db'}", study_name="x", sampler="grid",
                               trials=len(landscape.points), log_dir=str(tmp_path / "logs"))

