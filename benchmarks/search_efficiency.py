@@ -271,15 +271,24 @@ def _cost_fit(landscape: Landscape) -> dict[str, Any]:
     """The throughput cost model fitted on every candidate's first engine start, per method:
     ``c`` per drafted token, the fixed ``overhead`` of a speculative step (both relative to a step
     of the target alone) and how many configurations they rest on."""
-    from spectune.predict import CostPoint, fit_cost_model
+    from spectune.predict import fit_cost_model
+
+    t0, throughput, points = _first_start_points(landscape)
+    model = fit_cost_model(t0, throughput, points)
+    return {method.value: {"c": cost.c, "overhead": cost.overhead, "configurations": cost.n}
+            for method, cost in model.methods.items()}
+
+
+def _first_start_points(landscape: Landscape) -> tuple[float, float, list[Any]]:
+    """The baseline's TPOT and throughput and the cost points of every candidate's first engine
+    start, as a study that measured each once would fit them."""
+    from spectune.predict import CostPoint
 
     measured = [p.measurement for p in landscape.by_key().values() if p.measurement is not None]
     base = next(m for m in measured if m.spec.is_baseline)
     assert base.tpot_ms.median is not None
     points = [c for m in measured if (c := CostPoint.from_measurement(m, throughput_of=base)) is not None]
-    model = fit_cost_model(base.tpot_ms.median, base.output_throughput, points)
-    return {method.value: {"c": cost.c, "overhead": cost.overhead, "configurations": cost.n}
-            for method, cost in model.methods.items()}
+    return base.tpot_ms.median, base.output_throughput, points
 
 
 def _lag1(series: list[float]) -> float | None:
@@ -299,12 +308,14 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     baseline as measured). With several engine starts
     per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
     (``single_engine_error``), the same after bringing each start to the typical engine
-    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine), the largest
+    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine; and
+    ``weighted_single_engine_error``, by the power of the speeds the cost model gives the gauge on
+    the first starts, ``gauge_weight``, :func:`spectune.predict._cost.gauge_weight`), the largest
     max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
     start's deviation from its candidate's mean with that of the start recorded next, whatever
     its candidate (near 0: each engine is fast or slow on its own; toward 1: the machine drifts,
     and starts close in time share it)."""
-    from spectune.predict._cost import engine_gauge_ms, engine_speeds
+    from spectune.predict._cost import engine_gauge_ms, engine_speeds, gauge_weight
     from spectune.predict._measured import effective_k
 
     speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
@@ -318,8 +329,11 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         [(m.spec.method, m.spec.model, effective_k(m.spec) or 0, engine_gauge_ms(m))
          for p in gauged if (m := p.measurement) is not None]), strict=True))
 
-    def scaled(p: LandscapePoint) -> float:  # a fast engine's throughput down, its latency up
-        value, s = speed[id(p)][0], engine.get(id(p), 1.0)
+    t0, _, first = _first_start_points(landscape)
+    weight = gauge_weight(t0, first)
+
+    def scaled(p: LandscapePoint, w: float = 1.0) -> float:  # a fast engine's throughput down, its latency up
+        value, s = speed[id(p)][0], engine.get(id(p), 1.0) ** w
         return value / s if maximize else value * s
 
     by_method: dict[str, list[float]] = {}
@@ -328,9 +342,10 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
             by_method.setdefault(p.spec.get("method", "none"), []).append(scaled(p))
     out: dict[str, Any] = {
         "ttft_ms_min": min(t for _, t in speed.values()), "ttft_ms_max": max(t for _, t in speed.values()),
-        "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in by_method.items()}}
+        "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in by_method.items()}, "gauge_weight": weight}
     raw_err: list[float] = []
     scaled_err: list[float] = []
+    weighted_err: list[float] = []
     ratios: list[float] = []
     deviations: list[tuple[Any, float]] = []  # (start time, how far that start lies from its mean)
     for engines in landscape.engines().values():
@@ -339,7 +354,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
             continue
         raw = [v for _, (v, _) in ok]
         raw_mean = statistics.fmean(raw)
-        for values, errs in ((raw, raw_err), ([scaled(p) for p, _ in ok], scaled_err)):
+        for values, errs in ((raw, raw_err), ([scaled(p) for p, _ in ok], scaled_err),
+                             ([scaled(p, weight) for p, _ in ok], weighted_err)):
             mean = statistics.fmean(values)
             errs.extend(abs(v / mean - 1.0) for v in values)
         deviations.extend((p.measurement.started_at, v / raw_mean - 1.0)
@@ -348,6 +364,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     if ratios:
         out["spread"] = {"candidates": len(ratios), "single_engine_error": statistics.fmean(raw_err),
                          "ttft_scaled_single_engine_error": statistics.fmean(scaled_err),
+                         "weighted_single_engine_error": statistics.fmean(weighted_err),
                          "max_over_min_largest": max(ratios), "max_over_min_median": statistics.median(ratios),
                          "next_start_correlation": _lag1([d for _, d in sorted(deviations)])}
     return out
@@ -440,7 +457,9 @@ def evaluate(args: argparse.Namespace) -> None:
     if "spread" in speed:
         sp = speed["spread"]
         print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
-              f"({sp['ttft_scaled_single_engine_error']:.1%} brought to a typical engine by its TTFT); max/min of one candidate's "
+              f"({sp['ttft_scaled_single_engine_error']:.1%} brought to a typical engine by its TTFT, "
+              f"{sp['weighted_single_engine_error']:.1%} at the cost model's weight of the TTFT, "
+              f"{speed['gauge_weight']:.2f}); max/min of one candidate's "
               f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}"
               + (f"; correlation with the next start's deviation {c:.2f}"
                  if (c := sp["next_start_correlation"]) is not None else ""))

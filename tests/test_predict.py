@@ -28,7 +28,7 @@ from spectune.predict import (
     replay_suffix,
     suffix_available,
 )
-from spectune.predict._cost import at_typical_speed, engine_gauge_ms
+from spectune.predict._cost import at_typical_speed, engine_gauge_ms, gauge_weight
 from spectune.provenance import Hardware, Versions
 from spectune.trial import AcceptanceStats, LatencyStats, LevelStats, Measurement, RequestSample, WindowStats
 from spectune.workloads import WorkloadSpec
@@ -242,6 +242,34 @@ def test_a_slow_engine_is_told_by_its_prefill_and_does_not_make_its_configuratio
     assert at_typical_speed([point(1), point(4), point(6), hiccup])[-1] == hiccup
     # two trials do not make a typical engine: either could be the hiccup
     assert at_typical_speed([point(2), point(4)]) == [point(2), point(4)]
+
+
+def test_the_gauge_counts_as_far_as_the_machine_shows_it_tells_the_engines_speed() -> None:
+    t0 = 10.0
+    c = {Method.NGRAM: (0.2, 0.1), Method.SUFFIX: (0.15, 0.0)}  # (c, overhead)
+    speed = {1: 1.0, 2: 1.25, 3: 0.85, 4: 1.0, 6: 1.15}  # each engine's time against a typical one
+
+    def points(told: bool) -> list[CostPoint]:
+        # told: the TTFT follows the engine's speed; else the times are exact and the TTFT wanders
+        out = []
+        for method, (cm, overhead) in c.items():
+            for k, f in speed.items():
+                e = leviathan_expected_tokens(0.7, k)
+                time = t0 * (1 + overhead + cm * k) / e * (f if told else 1.0)
+                out.append(CostPoint(method, None, k, time, e, f"{method.value}{k}", gauge_ms=40.0 * f))
+        return out
+
+    assert gauge_weight(t0, points(told=True)) == pytest.approx(1.0, abs=1e-3)
+    assert gauge_weight(t0, points(told=False)) == pytest.approx(0.0, abs=1e-3)
+    for told in (True, False):  # either way the fit recovers each proposer's cost
+        model = fit_cost_model(t0, 100.0, points(told))
+        for method, (cm, overhead) in c.items():
+            fitted = model.proposers[(method, None)]
+            assert fitted.c == pytest.approx(cm, abs=1e-3) and fitted.overhead == pytest.approx(overhead, abs=1e-3)
+    # scaling by a TTFT that does not tell would have bent the fit
+    assert abs(fit_cost(t0, points(told=False)[:5]).c - 0.2) > 0.02
+    # too few gauged trials to weigh the gauge: it counts in full, as measured
+    assert gauge_weight(t0, points(told=False)[:5]) == 1.0
 
 
 def test_gauges_compare_within_a_proposer_and_along_a_model_drafters_k() -> None:

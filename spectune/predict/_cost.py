@@ -26,6 +26,13 @@ prefill does not depend on ``k`` and the typical gauge is the proposer's median;
 (a draft model, EAGLE, MTP) runs its ``k`` passes inside the prefill's step, before the first
 token returns, so its typical gauge is a robust line over ``k`` (Theil-Sen).
 
+How much the gauge tells depends on the machine: where engines drift, a start's TTFT follows
+its decode speed; on a steadier one the TTFT wanders on its own, and scaling by it adds noise.
+So the speeds count to a power in [0, 1] that the study's own trials choose
+(:func:`gauge_weight`): the one under which the proposers' cost fits leave the least residual
+(on the recorded landscapes' first starts 0.75-1.0 on the EPYC's and the busier Xeon's, 0.13
+on the steadier Xeon of the default landscape).
+
 ``t0`` is the baseline's median TPOT. ``c`` is fitted per proposer (method and draft model,
 falling back to the method with other models) by least squares over its measured trials, with
 ``E`` and ``d`` from each trial's own counters; its interval spans the per-trial estimates of
@@ -56,7 +63,7 @@ if TYPE_CHECKING:
     from spectune.trial import Measurement
 
 __all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "at_typical_speed", "engine_gauge_ms",
-           "engine_speed", "engine_speeds", "fit_cost", "fit_cost_model"]
+           "engine_speed", "engine_speeds", "fit_cost", "fit_cost_model", "gauge_weight"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -149,11 +156,47 @@ MIN_GAUGES = 3
 and the normal trial would be judged against it."""
 
 
-def at_typical_speed(points: Sequence[CostPoint]) -> list[CostPoint]:
+def at_typical_speed(points: Sequence[CostPoint], weight: float = 1.0) -> list[CostPoint]:
     """``points`` with each time per token brought to its proposer's typical engine (multiplied by
-    :func:`engine_speeds`)."""
+    :func:`engine_speeds` to the power ``weight``: 1 trusts the gauge fully, 0 not at all)."""
+    if weight == 0.0:
+        return list(points)
     speeds = engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
-    return [p if s == 1.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * s) for p, s in zip(points, speeds, strict=True)]
+    return [p if s == 1.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * s**weight)
+            for p, s in zip(points, speeds, strict=True)]
+
+
+def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
+    """How far the engines' gauges tell their speed on this machine, from ``points`` (a study's
+    trials): the power ``w`` in [0, 1] of the gauged speeds (:func:`at_typical_speed`) under which
+    the proposers' cost fits (:func:`fit_cost`) leave the least squared log residual over the
+    proposers with gauged trials (module docstring). 1: a trial whose TTFT says its engine ran
+    10 % fast ran its tokens 10 % fast; 0: the TTFT varies apart from the decode speed, and
+    scaling by it would add noise. 1 with fewer than :data:`MIN_WEIGHT_POINTS` gauged trials."""
+    from scipy.optimize import minimize_scalar
+
+    speeds = engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
+    if sum(s != 1.0 for s in speeds) < MIN_WEIGHT_POINTS:
+        return 1.0
+    groups: dict[tuple[Method, str | None], list[tuple[CostPoint, float]]] = {}
+    for p, s in zip(points, speeds, strict=True):
+        groups.setdefault((p.method, p.model), []).append((p, s))
+    gauged = [g for g in groups.values() if any(s != 1.0 for _, s in g)]
+
+    def loss(w: float) -> float:
+        total = 0.0
+        for group in gauged:
+            scaled = [dataclasses.replace(p, tpot_ms=p.tpot_ms * s**w) for p, s in group]
+            cost = fit_cost(t0_ms, scaled, weight=0.0)
+            fitted = [max(cost.tpot_ms(t0_ms, q.d, q.tokens_per_step), 1e-9) for q in scaled]
+            total += math.fsum(math.log(q.tpot_ms / f) ** 2 for q, f in zip(scaled, fitted, strict=True))
+        return total
+
+    return float(minimize_scalar(loss, bounds=(0.0, 1.0), method="bounded").x)
+
+
+MIN_WEIGHT_POINTS = 6
+"""Gauged trials needed to weigh the gauge (:func:`gauge_weight`)."""
 
 
 def engine_speeds(trials: Sequence[tuple[Method, str | None, int, float | None]]) -> list[float]:
@@ -219,6 +262,10 @@ class ProposerCost:
     source: str
     overhead: float = 0.0
 
+    def tpot_ms(self, t0_ms: float, d: float, tokens_per_step: float) -> float:
+        """``t0 (1 + overhead + c d) / E`` at this proposer's fitted cost."""
+        return t0_ms * (1.0 + self.overhead + self.c * d) / tokens_per_step
+
 
 MIN_OVERHEAD_POINTS = 3
 """Configurations, spanning at least one drafted token per step, needed to fit the overhead
@@ -248,9 +295,10 @@ def per_configuration(points: Sequence[CostPoint]) -> list[CostPoint]:
     return out
 
 
-def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") -> ProposerCost:
+def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit", weight: float = 1.0) -> ProposerCost:
     """Least squares of ``TPOT E / t0 - 1 = overhead + c d`` over ``points`` (all of one proposer,
-    or of one method; each brought to its proposer's typical engine, :func:`at_typical_speed`; a
+    or of one method; each brought to its proposer's typical engine, :func:`at_typical_speed`, by
+    its speed to the power ``weight``; a
     configuration measured on several engines counts once, :func:`per_configuration`).
 
     With :data:`MIN_OVERHEAD_POINTS` points whose ``d`` span at least 1, both the overhead and
@@ -267,7 +315,7 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit") 
         raise ValueError("no measured trials to fit c on")
     if t0_ms <= 0:
         raise ValueError(f"baseline TPOT must be > 0, got {t0_ms}")
-    points = per_configuration(at_typical_speed(points))
+    points = per_configuration(at_typical_speed(points, weight))
     ds = [p.d for p in points]
     ys = [p.tpot_ms * p.tokens_per_step / t0_ms - 1.0 for p in points]
     overhead = 0.0
@@ -356,7 +404,9 @@ def fit_cost_model(
     *,
     priors: Mapping[Method, float] = COST_PRIORS,
 ) -> CostModel:
-    """Fit ``c`` per proposer and per method on measured trials (``points``) of one study.
+    """Fit ``c`` per proposer and per method on measured trials (``points``) of one study, each
+    brought to its proposer's typical engine as far as the study's trials show the gauge tells
+    (:func:`gauge_weight`).
 
     Raises:
         ValueError: ``t0 <= 0`` or ``baseline_throughput <= 0``.
@@ -370,7 +420,8 @@ def fit_cost_model(
     for p in pts:
         by_proposer.setdefault((p.method, p.model), []).append(p)
         by_method.setdefault(p.method, []).append(p)
-    model.proposers = {key: fit_cost(t0_ms, group) for key, group in by_proposer.items()}
-    model.methods = {key: fit_cost(t0_ms, group) for key, group in by_method.items()}
+    weight = gauge_weight(t0_ms, pts)
+    model.proposers = {key: fit_cost(t0_ms, group, weight=weight) for key, group in by_proposer.items()}
+    model.methods = {key: fit_cost(t0_ms, group, weight=weight) for key, group in by_method.items()}
     return model
 
