@@ -249,14 +249,15 @@ def test_the_gauge_counts_as_far_as_the_machine_shows_it_tells_the_engines_speed
     c = {Method.NGRAM: (0.2, 0.1), Method.SUFFIX: (0.15, 0.0)}  # (c, overhead)
     speed = {1: 1.0, 2: 1.25, 3: 0.85, 4: 1.0, 6: 1.15}  # each engine's time against a typical one
 
-    def points(told: bool) -> list[CostPoint]:
-        # told: the TTFT follows the engine's speed; else the times are exact and the TTFT wanders
+    def points(told: bool, swing: float = 1.0, speed: dict[int, float] = speed) -> list[CostPoint]:
+        # told: the TTFT follows the engine's speed (to the power swing); else the times are exact
+        # and the TTFT wanders
         out = []
         for method, (cm, overhead) in c.items():
             for k, f in speed.items():
                 e = leviathan_expected_tokens(0.7, k)
                 time = t0 * (1 + overhead + cm * k) / e * (f if told else 1.0)
-                out.append(CostPoint(method, None, k, time, e, f"{method.value}{k}", gauge_ms=40.0 * f))
+                out.append(CostPoint(method, None, k, time, e, f"{method.value}{k}", gauge_ms=40.0 * f**swing))
         return out
 
     assert gauge_weight(t0, points(told=True)) == pytest.approx(1.0, abs=1e-3)
@@ -268,8 +269,12 @@ def test_the_gauge_counts_as_far_as_the_machine_shows_it_tells_the_engines_speed
             assert fitted.c == pytest.approx(cm, abs=1e-3) and fitted.overhead == pytest.approx(overhead, abs=1e-3)
     # scaling by a TTFT that does not tell would have bent the fit
     assert abs(fit_cost(t0, points(told=False)[:5]).c - 0.2) > 0.02
-    # too few gauged trials to weigh the gauge: it counts in full, as measured
+    # too few trials of gauged proposers to weigh the gauge: it counts in full, as before the weight
     assert gauge_weight(t0, points(told=False)[:5]) == 1.0
+    # a TTFT that swings twice as far as the engine's speed: the speeds count to the power 1/2
+    half = points(told=True, swing=2.0, speed={1: 1.0, 2: 1.1, 3: 0.9, 4: 1.0, 6: 1.05})  # within 1.5x
+    assert gauge_weight(t0, half) == pytest.approx(0.5, abs=2e-3)
+    assert fit_cost_model(t0, 100.0, half).proposers[(Method.NGRAM, None)].c == pytest.approx(0.2, abs=1e-3)
 
 
 def test_gauges_compare_within_a_proposer_and_along_a_model_drafters_k() -> None:

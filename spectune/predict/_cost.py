@@ -172,16 +172,21 @@ def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
     the proposers' cost fits (:func:`fit_cost`) leave the least squared log residual over the
     proposers with gauged trials (module docstring). 1: a trial whose TTFT says its engine ran
     10 % fast ran its tokens 10 % fast; 0: the TTFT varies apart from the decode speed, and
-    scaling by it would add noise. 1 with fewer than :data:`MIN_WEIGHT_POINTS` gauged trials."""
+    scaling by it would add noise. 1 (as before the weight) while fewer than
+    :data:`MIN_WEIGHT_POINTS` trials belong to proposers with a typical gauge.
+
+    :func:`spectune.predict.predict_candidates` fits two cost models, on the trials' TPOT and on
+    their throughput, and each weighs the gauge on its own points."""
     from scipy.optimize import minimize_scalar
 
     speeds = engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
-    if sum(s != 1.0 for s in speeds) < MIN_WEIGHT_POINTS:
-        return 1.0
     groups: dict[tuple[Method, str | None], list[tuple[CostPoint, float]]] = {}
     for p, s in zip(points, speeds, strict=True):
         groups.setdefault((p.method, p.model), []).append((p, s))
+    # the proposers that have a typical gauge (engine_speeds: one at 1.0 can be its median)
     gauged = [g for g in groups.values() if any(s != 1.0 for _, s in g)]
+    if sum(len(g) for g in gauged) < MIN_WEIGHT_POINTS:
+        return 1.0
 
     def loss(w: float) -> float:
         total = 0.0
@@ -192,7 +197,13 @@ def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
             total += math.fsum(math.log(q.tpot_ms / f) ** 2 for q, f in zip(scaled, fitted, strict=True))
         return total
 
-    return float(minimize_scalar(loss, bounds=(0.0, 1.0), method="bounded").x)
+    w = float(minimize_scalar(loss, bounds=(0.0, 1.0), method="bounded", options={"xatol": WEIGHT_TOLERANCE}).x)
+    return 0.0 if w < 2 * WEIGHT_TOLERANCE else 1.0 if w > 1.0 - 2 * WEIGHT_TOLERANCE else w
+
+
+WEIGHT_TOLERANCE = 1e-3
+"""How closely :func:`gauge_weight` finds its power (bounded Brent ends within this; a power
+this near 0 or 1 is taken as 0 or 1)."""
 
 
 MIN_WEIGHT_POINTS = 6
