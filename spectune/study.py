@@ -551,7 +551,11 @@ def _enqueue_guided(study: optuna.Study, store: MeasurementStore, url: str, spac
     top = max(feasible, key=lambda c: sign * c.value) if feasible else None  # what the study would choose
     trials = study.get_trials(deepcopy=False)
     step = sum(1 for t in trials if "guide_reason" in t.user_attrs and "retry_of" not in t.user_attrs)
-    plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step)
+    # its best measured again before stopping, and the search goes on: no guided pick since then
+    rechecked = max((t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST), default=None)
+    contested = rechecked is not None and not any("guide_reason" in t.user_attrs and t.number > rechecked
+                                                  for t in trials)
+    plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step, contested=contested)
     study.set_user_attr("guide", {
         "best_measured": best,
         "engine_spread": spread,

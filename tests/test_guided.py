@@ -66,6 +66,13 @@ def test_plan_skips_the_clearly_worse_and_alternates_promising_and_uncertain() -
     assert not plan_next([], best=1.0)
 
 
+def test_a_contested_lead_takes_the_most_promising_whatever_the_step() -> None:
+    ranking = [_pred("k1", 120, 115, 125), _pred("k2", 110, 60, 160)]
+    assert plan_next(ranking, best=100.0, step=1).reason == "uncertain"
+    contested = plan_next(ranking, best=100.0, step=1, contested=True)
+    assert contested.pick is not None and contested.pick.label == "k1" and contested.reason == "promising"
+
+
 def test_plan_minimising_uses_the_low_end() -> None:
     ranking = [_pred("k1", 50, 45, 55), _pred("k2", 60, 57, 63)]
     plan = plan_next(ranking, best=58.0, maximize=False, step=1)
@@ -282,6 +289,12 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     view = open_study(config.storage, "spread")
     again = next(r for r in view.rows if r.confirms is not None)
     assert again.label == top and again.recheck_reason == RECHECK_BEST and "the best when the search would stop" in again.note
+    # its lead contested, the search's next pick is the most promising (an odd step: it would
+    # otherwise have been the most uncertain)
+    trials = view.study.get_trials(deepcopy=False)
+    rechecked = next(t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST)
+    after = next(t for t in trials if t.number > rechecked and "guide_reason" in t.user_attrs)
+    assert after.user_attrs["guide_reason"] == "promising" and after.user_attrs["guide_step"] % 2 == 1
     engines = view.engines(confirmations=False)
     spread = view.study.user_attrs["guide"]["engine_spread"]
     twice = [c for c in engines if len(c.values) > 1]

@@ -18,7 +18,8 @@ After the baseline, every unmeasured candidate of the space is predicted
   measured once (its lead may be its engine's); the configurations measured twice give the
   spread between engines (:func:`spectune.results.engine_spread`), and "the best so far" is
   then each configuration measured once at the low end of that spread, so a machine whose
-  engines differ by more than the configurations do keeps the search going;
+  engines differ by more than the configurations do keeps the search going, and its next pick
+  is the most promising (the lead is contested, and that candidate is likeliest to take it);
 - a pick whose measurement falls outside its predicted interval by more than ``margin``
   (:func:`surprising`) is measured once more on a fresh engine before the next pick: on a
   machine where two engine starts of one configuration differ by more than the configurations
@@ -91,13 +92,16 @@ def plan_next(
     maximize: bool = True,
     step: int = 0,
     margin: float = DEFAULT_MARGIN,
+    contested: bool = False,
 ) -> GuidePlan:
     """Plan the next measurement among the unmeasured candidates' predictions ``ranking``
     (best first, as :func:`~spectune.predict.predict_candidates` returns them).
 
     ``best`` is the best (feasible) value measured so far, the baseline's included; ``step``
     counts the guided picks made so far: even steps take the most promising candidate, odd ones
-    the most uncertain (see the module docstring).
+    the most uncertain (see the module docstring). ``contested``: the search would have stopped
+    on its best, measured it again on a fresh engine, and goes on; its lead is in question, and
+    the candidate likeliest to take it is the most promising, whatever the step.
     """
     alive = [p for p in ranking if could_beat(p, best, maximize=maximize, margin=margin)]
     skipped = [p for p in ranking if p not in alive]
@@ -105,6 +109,6 @@ def plan_next(
         return GuidePlan(None, None, [], skipped)
     promising = alive[0]
     uncertain = max(alive, key=lambda p: (relative_width(p), -alive.index(p)))
-    if step % 2 == 1 and relative_width(uncertain) > 2 * margin:
+    if step % 2 == 1 and not contested and relative_width(uncertain) > 2 * margin:
         return GuidePlan(uncertain, "uncertain", alive, skipped)
     return GuidePlan(promising, "promising", alive, skipped)
