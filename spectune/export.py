@@ -59,7 +59,7 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     Raises:
         ConfigError: ``m`` has no acceptance counters or baseline TPOT to derive it from.
     """
-    from spectune.predict import CostPoint, derive_schedule, fit_concurrency, fit_cost, gauge_weight
+    from spectune.predict import CostPoint, derive_schedule, fit_concurrency, fit_cost_model
     from spectune.predict._measured import effective_k, measured_profile
 
     profile = measured_profile(m)
@@ -68,9 +68,8 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     if profile is None or not profile.per_position or not t0 or not k:
         raise ConfigError(f"{m.spec.label()}: no acceptance counters or baseline TPOT to derive a batch schedule from")
     measured = view.speculative_measurements()
-    every = [p for other in measured if (p := CostPoint.from_measurement(other)) is not None]
-    points = [p for p in every if (p.method, p.model) == (m.spec.method, m.spec.model)]
-    cost = fit_cost(t0, points, weight=gauge_weight(t0, every))  # the TTFT weighed as the study's predictions do
+    points = [p for other in measured if (p := CostPoint.from_measurement(other)) is not None]
+    cost = fit_cost_model(t0, baseline.output_throughput, points).proposers[(m.spec.method, m.spec.model)]
     sweep = fit_concurrency(baseline, measured)
     cost_at = None
     if sweep is not None:

@@ -264,6 +264,7 @@ def test_the_gauge_counts_as_far_as_the_machine_shows_it_tells_the_engines_speed
     assert gauge_weight(t0, points(told=False)) == pytest.approx(0.0, abs=1e-3)
     for told in (True, False):  # either way the fit recovers each proposer's cost
         model = fit_cost_model(t0, 100.0, points(told))
+        assert model.gauge_weight == pytest.approx(1.0 if told else 0.0, abs=1e-3)
         for method, (cm, overhead) in c.items():
             fitted = model.proposers[(method, None)]
             assert fitted.c == pytest.approx(cm, abs=1e-3) and fitted.overhead == pytest.approx(overhead, abs=1e-3)

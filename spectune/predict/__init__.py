@@ -31,7 +31,6 @@ from spectune.predict._cost import (
     ProposerCost,
     fit_cost,
     fit_cost_model,
-    gauge_weight,
 )
 from spectune.predict._guide import DEFAULT_MARGIN, GuidePlan, could_beat, plan_next, surprising
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
@@ -86,7 +85,6 @@ __all__ = [
     "fit_cost",
     "fit_cost_model",
     "fit_step_time",
-    "gauge_weight",
     "leviathan_expected_tokens",
     "leviathan_improvement",
     "levels_table",

@@ -159,10 +159,16 @@ and the normal trial would be judged against it."""
 def at_typical_speed(points: Sequence[CostPoint], weight: float = 1.0) -> list[CostPoint]:
     """``points`` with each time per token brought to its proposer's typical engine (multiplied by
     :func:`engine_speeds` to the power ``weight``: 1 trusts the gauge fully, 0 not at all)."""
-    if weight == 0.0:
-        return list(points)
-    speeds = engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
-    return [p if s == 1.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * s**weight)
+    return list(points) if weight == 0.0 else _scaled(points, _speeds(points), weight)
+
+
+def _speeds(points: Sequence[CostPoint]) -> list[float]:
+    return engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
+
+
+def _scaled(points: Sequence[CostPoint], speeds: Sequence[float], weight: float) -> list[CostPoint]:
+    """Each point's time per token multiplied by its speed to the power ``weight``."""
+    return [p if s == 1.0 or weight == 0.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * s**weight)
             for p, s in zip(points, speeds, strict=True)]
 
 
@@ -177,21 +183,25 @@ def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
 
     :func:`spectune.predict.predict_candidates` fits two cost models, on the trials' TPOT and on
     their throughput, and each weighs the gauge on its own points."""
+    return _gauge_weight(t0_ms, points, _speeds(points))
+
+
+def _gauge_weight(t0_ms: float, points: Sequence[CostPoint], speeds: Sequence[float]) -> float:
     from scipy.optimize import minimize_scalar
 
-    speeds = engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
-    groups: dict[tuple[Method, str | None], list[tuple[CostPoint, float]]] = {}
-    for p, s in zip(points, speeds, strict=True):
-        groups.setdefault((p.method, p.model), []).append((p, s))
+    groups: dict[tuple[Method, str | None], list[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault((p.method, p.model), []).append(i)
     # the proposers that have a typical gauge (engine_speeds: one at 1.0 can be its median)
-    gauged = [g for g in groups.values() if any(s != 1.0 for _, s in g)]
-    if sum(len(g) for g in gauged) < MIN_WEIGHT_POINTS:
+    gauged = [([points[i] for i in g], [speeds[i] for i in g]) for g in groups.values()
+              if any(speeds[i] != 1.0 for i in g)]
+    if sum(len(g) for g, _ in gauged) < MIN_WEIGHT_POINTS:
         return 1.0
 
     def loss(w: float) -> float:
         total = 0.0
-        for group in gauged:
-            scaled = [dataclasses.replace(p, tpot_ms=p.tpot_ms * s**w) for p, s in group]
+        for group, group_speeds in gauged:
+            scaled = _scaled(group, group_speeds, w)
             cost = fit_cost(t0_ms, scaled, weight=0.0)
             fitted = [max(cost.tpot_ms(t0_ms, q.d, q.tokens_per_step), 1e-9) for q in scaled]
             total += math.fsum(math.log(q.tpot_ms / f) ** 2 for q, f in zip(scaled, fitted, strict=True))
@@ -366,6 +376,8 @@ class CostModel:
     proposers: dict[tuple[Method, str | None], ProposerCost] = field(default_factory=dict)
     methods: dict[Method, ProposerCost] = field(default_factory=dict)
     priors: Mapping[Method, float] = field(default_factory=lambda: dict(COST_PRIORS))
+    gauge_weight: float = 1.0
+    """The power of the engines' gauged speeds the fits used (:func:`gauge_weight`)."""
 
     def cost(self, spec: SpecConfig) -> ProposerCost:
         """``c`` of the candidate's proposer: its own fit, else its method's, else the prior.
@@ -428,11 +440,12 @@ def fit_cost_model(
     model = CostModel(t0_ms, baseline_throughput, priors=dict(priors))
     by_proposer: dict[tuple[Method, str | None], list[CostPoint]] = {}
     by_method: dict[Method, list[CostPoint]] = {}
-    for p in pts:
+    speeds = _speeds(pts)  # once: a model drafter's typical gauge is a Theil-Sen fit
+    model.gauge_weight = _gauge_weight(t0_ms, pts, speeds)
+    for p in _scaled(pts, speeds, model.gauge_weight):  # each brought to its proposer's typical engine
         by_proposer.setdefault((p.method, p.model), []).append(p)
         by_method.setdefault(p.method, []).append(p)
-    weight = gauge_weight(t0_ms, pts)
-    model.proposers = {key: fit_cost(t0_ms, group, weight=weight) for key, group in by_proposer.items()}
-    model.methods = {key: fit_cost(t0_ms, group, weight=weight) for key, group in by_method.items()}
+    model.proposers = {key: fit_cost(t0_ms, group, weight=0.0) for key, group in by_proposer.items()}
+    model.methods = {key: fit_cost(t0_ms, group, weight=0.0) for key, group in by_method.items()}
     return model
 
