@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from spectune.results import StudyView
+    from spectune.study import StudyContext
     from spectune.trial import Measurement
+    from spectune.worker import Slot
 
 app = typer.Typer(
     name="spectune",
@@ -85,7 +87,7 @@ def measure(
     kv_cache_memory_bytes: Annotated[Optional[int], typer.Option()] = None,
     enforce_eager: Annotated[Optional[bool], typer.Option("--enforce-eager/--no-enforce-eager")] = None,
     tensor_parallel_size: Annotated[Optional[int], typer.Option()] = None,
-    engine_arg: Annotated[list[str], typer.Option(help="Further vllm serve option KEY=VALUE (repeatable).")] = [],  # noqa: B006
+    engine_arg: Annotated[list[str], typer.Option(help="Further vllm serve option KEY=VALUE (repeatable).")] = [],
     host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
     log_dir: Annotated[Path, typer.Option(help="Where engine logs are kept.")] = Path("storage/logs"),
     startup_timeout: Annotated[float, typer.Option(min=1.0)] = 600.0,
@@ -133,29 +135,59 @@ def optimize(
     space: Annotated[Optional[str], typer.Option(help="Search space: a name in search_spaces/ or a YAML file.")] = None,
     workload: Annotated[Optional[str], typer.Option(help="Prompt file or shipped set (humaneval, mtbench, sharegpt).")] = None,
     objective: Annotated[Optional[list[str]], typer.Option(help="output_throughput, tpot_median_ms, tpot_p99_ms, ttft_p99_ms, e2el_median_ms, e2el_p99_ms; twice for a Pareto front.")] = None,
-    trials: Annotated[Optional[int], typer.Option(min=1, help="Finished trials the study should have.")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL (default sqlite:///storage/spectune.db).")] = None,
+    trials: Annotated[Optional[int], typer.Option(min=1, help="Finished trials the study should have (over all its workers).")] = None,
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL (default sqlite:///storage/spectune.db; PostgreSQL for workers on several machines).")] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: from target and workload).")] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
     sampler: Annotated[Optional[str], typer.Option(help="guided (default: measure what the models predict best or know least, stop when the rest is clearly worse), tpe, random or grid.")] = None,
     confirm: Annotated[Optional[int], typer.Option(min=0, help="After the search, measure the baseline and this many best configurations again on fresh engines; choose on the means.")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair).")] = None,
+    create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
-    from spectune._progress import StudyProgress
-    from spectune.study import load_study_config, run_study
+    from spectune.study import create_study, load_study_config
+    from spectune.worker import parse_gpus
 
     cfg = load_study_config(config, {
         "target": target, "draft": draft, "space": space, "workload": workload,
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm,
     })
-    console = _err_console()
-    with StudyProgress(console, cfg.trials) as progress:
-        result = run_study(cfg, progress=progress.on_event, trial_progress=progress.trial_hook)
-    console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
-                  f"{result.reused} reused; storage {result.storage}")
-    from spectune.results import open_study
+    slots = parse_gpus(gpus)
+    ctx = create_study(cfg)
+    if create_only:
+        typer.echo(f"created study {ctx.study.study_name} in {ctx.url}: {cfg.trials} trials; "
+                   f"spectune worker --storage URL --study {ctx.study.study_name} measures it")
+        return
+    _work(ctx, slots)
 
+
+@app.command()
+def worker(
+    study: Annotated[str, typer.Option(help="Name of the study to work on (created by optimize).")],
+    storage: Annotated[Optional[str], typer.Option(help="Storage URL of the study, e.g. postgresql+psycopg://USER@HOST/DB.")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 or 0-1,2-3.")] = None,
+) -> None:
+    """Join a study from this machine and measure its trials until it needs no more."""
+    from spectune.study import join_study
+    from spectune.worker import parse_gpus
+
+    slots = parse_gpus(gpus)
+    _work(join_study(storage, study), slots)
+
+
+def _work(ctx: StudyContext, slots: list[Slot]) -> None:
+    """Run a worker on the study with rich progress, then say where the study stands."""
+    from spectune._progress import StudyProgress
+    from spectune.results import open_study
+    from spectune.worker import run_worker
+
+    console = _err_console()
+    with StudyProgress(console, ctx.config.trials) as progress:
+        result = run_worker(ctx, slots=slots, progress=progress.on_event, trial_progress=progress.trial_hook)
+    console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
+                  f"{result.reused} reused here; {result.finished} of {ctx.config.trials} trials finished; "
+                  f"storage {result.storage}")
     _print_best(open_study(result.storage, result.study_name))
 
 

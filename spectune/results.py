@@ -12,7 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
-from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, spec_key
+from spectune.storage import (
+    MeasurementStore,
+    open_optuna_storage,
+    resolve_storage_url,
+    spec_key,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -303,14 +308,22 @@ class StudyView:
                 space cannot be loaded.
             StorageError: the storage cannot be read.
         """
-        from spectune.predict import LearnedAcceptance, StudyInputs, TrainingTrial, mean_over_engines
-        from spectune.space import load_space
+        from spectune._util import validate
+        from spectune.predict import (
+            LearnedAcceptance,
+            StudyInputs,
+            TrainingTrial,
+            mean_over_engines,
+        )
+        from spectune.space import SearchSpace, load_space
         from spectune.workloads import WorkloadFeatures
 
         cfg = self.study.user_attrs.get("spectune_config")
         if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
             raise ConfigError(f"study {self.name} carries no spectune configuration to read its space from")
-        space = load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft"))
+        definition = self.store.definition(self.name)  # a worker elsewhere may not have the space's file
+        space = (validate(SearchSpace, definition["space"], f"study {self.name}") if definition is not None
+                 else load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft")))
         done = {r.config_key for r in self.rows
                 if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
         base_row = self.baseline()
@@ -370,6 +383,7 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
 
     url = resolve_storage_url(storage)
     rdb = open_optuna_storage(url)
+    store = MeasurementStore(url)  # refuses a database of a newer spectune first
     names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]
     if study_name is None:
         if not names:
@@ -379,7 +393,7 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
         known = ", ".join(names) or "none"
         raise ConfigError(f"no study named {study_name!r} in {url} (studies: {known})")
     study = optuna.load_study(study_name=study_name, storage=rdb)
-    return StudyView(study, MeasurementStore(url), url)
+    return StudyView(study, store, url)
 
 
 def measured_trials(url: str, *, skip_study: str | None = None) -> list[TrainingTrial]:

@@ -9,14 +9,19 @@ machines work on one study.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import functools
 import json
 import logging
 import os
+import threading
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,6 +40,8 @@ __all__ = [
     "open_optuna_storage",
     "resolve_storage_url",
     "spec_key",
+    "study_lock",
+    "worker_claim",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -43,7 +50,28 @@ DEFAULT_STORAGE = "sqlite:///storage/spectune.db"
 HEARTBEAT_INTERVAL = 30
 GRACE_PERIOD = 120
 
+SCHEMA_VERSION = 1
+"""Version of spectune's own tables; a database written by a newer spectune is refused."""
+
+_LOCK_NAMESPACE = 0x5EC7
+"""First key of spectune's PostgreSQL advisory locks (the second: 0 for the schema, else a study)."""
+
 _metadata = sa.MetaData()
+meta_table = sa.Table(
+    "spectune_meta",
+    _metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)
+studies_table = sa.Table(
+    "spectune_studies",
+    _metadata,
+    sa.Column("study_name", sa.String(512), primary_key=True),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("definition", sa.Text, nullable=False),
+)
+"""What a worker on any machine needs to join a study: its configuration, its resolved search
+space and its prompts (JSON), so that no file of the machine that created it is read again."""
 trials_table = sa.Table(
     "spectune_trials",
     _metadata,
@@ -76,15 +104,120 @@ def resolve_storage_url(url: str | None = None) -> str:
     return url
 
 
+def _safe_url(url: str) -> str:
+    """The URL as it may be shown: without its password."""
+    return sa.engine.make_url(url).render_as_string(hide_password=True) if "://" in url else url
+
+
 def _describe(url: str, err: Exception) -> str:
-    safe = sa.engine.make_url(url).render_as_string(hide_password=True) if "://" in url else url
     first = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-    return f"storage {safe} cannot be used: {first}"
+    return f"storage {_safe_url(url)} cannot be used: {first}"
 
 
 @functools.lru_cache(maxsize=8)
 def _engine(url: str) -> sa.Engine:
     return sa.create_engine(url, pool_pre_ping=True)
+
+
+def _is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql", "postgres"))
+
+
+def _study_key(study_name: str) -> int:
+    """A study's advisory-lock key: a signed 32-bit hash of its name, never 0 (the schema's)."""
+    key = zlib.crc32(study_name.encode()) & 0x7FFFFFFF
+    return key or 1
+
+
+@contextlib.contextmanager
+def _advisory_lock(url: str, key: int) -> Iterator[None]:
+    """Hold PostgreSQL's session advisory lock (spectune's namespace, ``key``) on a connection of
+    its own; released on exit, and by the server when this process dies."""
+    with _engine(url).connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_lock(:a, :b)"), {"a": _LOCK_NAMESPACE, "b": key})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(sa.text("SELECT pg_advisory_unlock(:a, :b)"), {"a": _LOCK_NAMESPACE, "b": key})
+            conn.commit()
+
+
+_local_locks: dict[tuple[str, str], threading.Lock] = {}
+_local_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def study_lock(url: str, study_name: str) -> Iterator[None]:
+    """Let one worker at a time choose a trial of study ``study_name`` and start it.
+
+    On PostgreSQL a session advisory lock, shared by every worker on every machine (a worker that
+    dies lets go with its connection); on SQLite, which serves the workers of one process only
+    (:func:`worker_claim`), a lock between that process's threads. Held for the time it takes
+    to decide and to create the trial, never while an engine runs.
+
+    Raises:
+        StorageError: the database cannot be reached.
+    """
+    if _is_postgres(url):
+        try:
+            with _advisory_lock(url, _study_key(study_name)):
+                yield
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(url, e)) from e
+        return
+    with _local_locks_guard:
+        lock = _local_locks.setdefault((url, study_name), threading.Lock())
+    with lock:
+        yield
+
+
+@contextlib.contextmanager
+def _schema_lock(url: str) -> Iterator[None]:
+    """Serialise schema creation between processes that open a fresh PostgreSQL database at
+    the same moment (both would create the same tables and types; one would fail)."""
+    if _is_postgres(url):
+        with _advisory_lock(url, 0):
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def worker_claim(url: str) -> Iterator[None]:
+    """Claim a SQLite storage for this process's workers; several processes on one SQLite
+    file are refused in one line naming PostgreSQL. Other databases need no claim: their
+    workers share a study through Optuna's RDB storage and :func:`study_lock`.
+
+    The claim is a lock on ``<database>.workers.lock`` beside the file, let go on exit or when
+    the process dies.
+
+    Raises:
+        StorageError: another process works on this SQLite file.
+    """
+    path = url.removeprefix("sqlite:///") if url.startswith("sqlite:///") else None
+    if path is None or path == ":memory:":
+        yield
+        return
+    lock_path = Path(path).expanduser().with_name(Path(path).name + ".workers.lock")
+    handle: IO[str] = lock_path.open("a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise StorageError(
+                f"storage {url} is in use by another spectune worker ({holder}); SQLite serves the "
+                "workers of one process: give several workers a PostgreSQL storage "
+                "(--storage postgresql+psycopg://USER@HOST/DB)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # lets go of the lock
 
 
 def check_reachable(url: str) -> None:
@@ -112,7 +245,7 @@ def open_optuna_storage(
 
     check_reachable(url)
     try:
-        with warnings.catch_warnings():
+        with _schema_lock(url), warnings.catch_warnings():
             # heartbeats are "experimental" in Optuna since 2.8; they are what distributed mode needs
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
@@ -162,9 +295,22 @@ class MeasurementStore:
         self.url = url
         self._engine = _engine(url)
         try:
-            _metadata.create_all(self._engine)
+            with _schema_lock(url):
+                _metadata.create_all(self._engine)
+                self._check_schema_version()
         except SQLAlchemyError as e:
             raise StorageError(_describe(url, e)) from e
+
+    def _check_schema_version(self) -> None:
+        """Record :data:`SCHEMA_VERSION` in a new database; refuse one written by a newer spectune."""
+        with self._engine.begin() as conn:
+            stored = conn.execute(sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")).scalar()
+            if stored is None:
+                conn.execute(sa.insert(meta_table).values(key="schema_version", value=str(SCHEMA_VERSION)))
+            elif int(stored) > SCHEMA_VERSION:
+                raise StorageError(
+                    f"storage {_safe_url(self.url)} holds spectune tables of schema "
+                    f"version {stored}; this spectune reads up to version {SCHEMA_VERSION}: upgrade spectune")
 
     def record(
         self, *, study_name: str, trial_id: int, trial_number: int, spec_key: str,
@@ -199,6 +345,27 @@ class MeasurementStore:
                         measurement_json=r["measurement"])
             for r in rows
         ]
+
+    def save_definition(self, study_name: str, definition: dict[str, Any]) -> None:
+        """Store (or replace) what a worker needs to join ``study_name`` (:data:`studies_table`)."""
+        row = {"study_name": study_name, "updated_at": dt.datetime.now(dt.timezone.utc),
+               "definition": json.dumps(definition)}
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(sa.delete(studies_table).where(studies_table.c.study_name == study_name))
+                conn.execute(sa.insert(studies_table).values(**row))
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
+
+    def definition(self, study_name: str) -> dict[str, Any] | None:
+        """What :meth:`save_definition` stored for ``study_name``, or None (a study of an earlier spectune)."""
+        q = sa.select(studies_table.c.definition).where(studies_table.c.study_name == study_name)
+        try:
+            with self._engine.connect() as conn:
+                value = conn.execute(q).scalar_one_or_none()
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
+        return json.loads(value) if value is not None else None
 
     def measurement(self, trial_id: int) -> Measurement | None:
         q = sa.select(trials_table.c.measurement).where(trials_table.c.trial_id == trial_id)

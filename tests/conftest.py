@@ -63,6 +63,29 @@ def _no_engine_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
     assert not left, f"engines left behind by {request.node.name}: {left}"
 
 
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+"""The machine's PostgreSQL (trust auth); .ci/run starts it where it is not running."""
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL database of this test's own, dropped after it (every connection to it closed)."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = f"spectune_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """Tiny Llama target and draft sharing a tokenizer (SPECTUNE_TEST_MODELS reuses a folder)."""

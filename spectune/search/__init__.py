@@ -1,0 +1,36 @@
+"""Search strategies behind one ask-and-tell contract over the study's storage.
+
+Any number of workers, on one machine or many, ask a :class:`SearchStrategy` for their next
+trial; its answer is computed from what the storage holds (:class:`StudyStrategy`: baseline,
+guided search or the grid or Optuna's sampler, rechecks, confirmations).
+"""
+
+from spectune.search._base import Decision, Run, SearchStrategy, Stop, Wait
+from spectune.search._study import (
+    INTERRUPTED,
+    RECHECK_BEST,
+    RECHECK_SURPRISE,
+    StudyStrategy,
+    count_candidates,
+    counts_as_finished,
+    engine_failed,
+    measured_again,
+    params_key,
+)
+
+__all__ = [
+    "INTERRUPTED",
+    "RECHECK_BEST",
+    "RECHECK_SURPRISE",
+    "Decision",
+    "Run",
+    "SearchStrategy",
+    "Stop",
+    "StudyStrategy",
+    "Wait",
+    "count_candidates",
+    "counts_as_finished",
+    "engine_failed",
+    "measured_again",
+    "params_key",
+]

@@ -1,0 +1,76 @@
+"""The search contract: what any worker asks for its next trial, from what the storage holds."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+
+__all__ = ["Decision", "Run", "SearchStrategy", "Stop", "Wait"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Measure a trial now.
+
+    ``params``: the candidate's parameters (the space's names), enqueued with ``attrs`` as the
+    trial's user attributes; None lets the study's Optuna sampler choose (TPE, random, NSGA-II).
+    """
+
+    params: dict[str, Any] | None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+    progress: tuple[int, int] | None = None
+    """(number, of) for the progress line when the strategy numbers it (confirmations)."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing worth measuring can be chosen while the trials now running are unfinished: ask again
+    once one of them has finished (or was failed by its heartbeat)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The study needs no more trials: the search and its confirmations are done."""
+
+    why: str
+
+
+Decision = Run | Wait | Stop
+
+
+class SearchStrategy(abc.ABC):
+    """Chooses a study's next trial from what its storage holds, for any number of workers.
+
+    Contract:
+        :meth:`decide` reads the study's trials (every state: RUNNING ones are other workers'
+        trials, and are never chosen again) and spectune's measurements, and returns a
+        decision. It keeps no state of its own between calls: two workers, or a worker
+        started tomorrow, that ask the same storage get the same answer. It writes nothing
+        that a decision reads (a study attribute for the dashboard at most).
+
+        A worker calls :meth:`decide` only while it holds the study's lock
+        (:func:`spectune.storage.study_lock`) and turns a :class:`Run` into a RUNNING trial
+        before it lets go, so no two workers are given the same candidate. Where the study
+        holds WAITING trials (Optuna's re-queued copies of trials failed by their heartbeat), a
+        worker runs those first and does not ask.
+
+    Thread-safety: one instance may be shared by the threads of a worker (it holds no state).
+    """
+
+    @abc.abstractmethod
+    def decide(self, study: optuna.Study) -> Decision:
+        """The next trial to run, a reason to wait, or the end of the study.
+
+        Raises:
+            StorageError: the storage cannot be read.
+        """
+
+    def finish(self, study: optuna.Study) -> None:
+        """Called by a worker when it stops; may write summaries (the dashboard note)."""

@@ -1,0 +1,326 @@
+"""spectune's search as one strategy over the storage: baseline, search, rechecks, confirmations.
+
+Every decision is computed from the study's trials, in this order:
+
+1. **Baseline** (no speculation) first, once: every result has a speedup. A baseline that
+   failed by its engine is data; the search goes on without it (the sampler chooses).
+2. **Search** until the study holds ``trials`` finished trials (engine failures count: they are
+   data; a trial interrupted by Ctrl-C or abandoned by a dead worker does not, and is measured
+   again first, keeping its prediction). Trials running on other workers count against the
+   budget while they run. The search is guided (:mod:`spectune.predict`'s plan, the default),
+   the grid (every candidate once, in the space's order) or Optuna's sampler (TPE, random,
+   NSGA-II for two objectives).
+3. **Rechecks** of guided search: a pick measured outside its predicted interval is measured
+   again on a fresh engine before anything else, and the best is measured on a second engine
+   before the search stops (:data:`RECHECK_SURPRISE`, :data:`RECHECK_BEST`); they do not count
+   against the budget.
+4. **Confirmations** (``confirm: N``): the baseline and the N best measured again, each on a
+   fresh engine, once the search has ended.
+
+A candidate running on another worker is never chosen again: guided search plans around it,
+and waits (:class:`Wait`) when nothing else is worth measuring until it finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from spectune.config import SpecConfig
+from spectune.errors import ConfigError
+from spectune.search._base import Decision, Run, SearchStrategy, Stop, Wait
+from spectune.storage import MeasurementStore, spec_key
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from spectune.space import SearchSpace
+
+__all__ = [
+    "INTERRUPTED",
+    "RECHECK_BEST",
+    "RECHECK_SURPRISE",
+    "StudyStrategy",
+    "counts_as_finished",
+    "measured_again",
+    "params_key",
+]
+
+_logger = logging.getLogger(__name__)
+
+INTERRUPTED = "interrupted"
+"""``fail_reason`` of a trial stopped by Ctrl-C: measured again, not counted as finished."""
+
+# Why guided search measured a configuration again (trial attribute ``recheck``; True in studies
+# of spectune before session 7, meaning a surprise).
+RECHECK_SURPRISE = "outside its predicted interval"
+RECHECK_BEST = "the best when the search would stop"
+
+GUIDE_ATTRS = ("prediction_source", "guide_reason", "guide_step")
+"""A guided pick's attributes beside its ``predicted_*`` ones."""
+
+
+def _state(t: FrozenTrial) -> str:
+    return t.state.name
+
+
+def engine_failed(t: FrozenTrial) -> bool:
+    """Failed for a reason of its engine (data), not by Ctrl-C nor by a dead worker's heartbeat."""
+    return _state(t) == "FAIL" and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED)
+
+
+def counts_as_finished(t: FrozenTrial) -> bool:
+    """Whether a trial spends the study's budget: completed or failed by its engine, not a
+    candidate answered from an earlier trial, not a re-measurement."""
+    a = t.user_attrs
+    return "duplicate_of" not in a and "confirms" not in a and (_state(t) == "COMPLETE" or engine_failed(t))
+
+
+def in_flight(t: FrozenTrial) -> bool:
+    return _state(t) in ("RUNNING", "WAITING")
+
+
+def params_key(t: FrozenTrial) -> str:
+    """A trial's parameters as text; for a WAITING (enqueued) trial, the ones it will get."""
+    return json.dumps(t.params or t.system_attrs.get("fixed_params", {}), sort_keys=True)
+
+
+def measured_again(trials: Sequence[FrozenTrial]) -> set[int]:
+    """The trials whose configuration is measured again on a fresh engine (``confirms``), queued,
+    running or done: completed, or failed by its engine (that is data, not retried on resume).
+    One interrupted by Ctrl-C, or abandoned by a dead worker, does not count."""
+    going = ("WAITING", "RUNNING", "COMPLETE")
+    return {t.user_attrs["confirms"] for t in trials if "confirms" in t.user_attrs
+            and (_state(t) in going or engine_failed(t))}
+
+
+def count_candidates(space: SearchSpace) -> int | None:
+    """How many distinct candidates a space has, or None when it is too large to list."""
+    try:
+        return len(space.enumerate())
+    except ConfigError:
+        return None
+
+
+class StudyStrategy(SearchStrategy):
+    """The search a spectune study runs (module docstring), for one study's configuration.
+
+    ``on_guide_stop`` is told, once per instance, how many candidates guided search skipped
+    when it stops.
+    """
+
+    def __init__(
+        self, *, space: SearchSpace, store: MeasurementStore, url: str, sampler: str, objectives: int,
+        trials: int, confirm: int, on_guide_stop: Callable[[int], None] | None = None,
+    ) -> None:
+        self.space = space
+        self.store = store
+        self.url = url
+        self.trials = trials
+        self.confirm = confirm
+        self.candidates = count_candidates(space)
+        self.guided = sampler == "guided" and objectives == 1 and self.candidates is not None
+        self.grid = sampler == "grid"
+        self.on_guide_stop = on_guide_stop
+        self._stop_reported = False
+        if sampler == "guided" and not self.guided:
+            _logger.info("guided search needs one objective and a space that can be listed; using %s",
+                         "NSGA-II" if objectives > 1 else "TPE")
+
+    def decide(self, study: optuna.Study) -> Decision:
+        trials = study.get_trials(deepcopy=False)
+        for phase in (self._baseline, self._search, self._confirmations):
+            decision = phase(study, trials)
+            if decision is not None:
+                return decision
+        if any(_state(t) == "RUNNING" for t in trials):
+            return Wait("the last trials are running on other workers")
+        return Stop("the search and its confirmations are done")
+
+    def finish(self, study: optuna.Study) -> None:
+        """Note and figures for the dashboard; a study that cannot be annotated is still a result."""
+        from spectune.errors import SpectuneError
+        from spectune.report import annotate_study
+        from spectune.results import StudyView
+
+        try:
+            annotate_study(StudyView(study, self.store, self.url))
+        except SpectuneError as e:
+            _logger.warning("study %s not annotated: %s", study.study_name, e)
+
+    # -- phases: each returns a decision, or None when it has nothing (more) to do ------------
+    def _baseline(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+        params = self.space.params_of(SpecConfig())
+        key = json.dumps(params, sort_keys=True)
+        mine = [t for t in trials if params_key(t) == key]
+        if any(_state(t) != "FAIL" or engine_failed(t) for t in mine):
+            return None  # measured, running, or failed by its engine (data: the search goes on)
+        attrs: dict[str, Any] = {"role": "baseline"}
+        retried = {t.user_attrs.get("retry_of") for t in trials}
+        interrupted = [t.number for t in mine if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried]
+        if interrupted:
+            attrs["retry_of"] = interrupted[-1]
+        return Run(params, attrs, why="the baseline")
+
+    def _search(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+        finished = sum(1 for t in trials if counts_as_finished(t))
+        going = [t for t in trials if in_flight(t) and "confirms" not in t.user_attrs
+                 and "duplicate_of" not in t.user_attrs]
+        everything = self.candidates is not None and finished >= self.candidates
+        if everything:
+            _logger.info("every candidate of the space has been measured")
+        if finished + len(going) < self.trials and not everything:
+            decision = self._retry(trials) or self._pick(study, trials)
+            if decision is not None:
+                return decision
+        if self.guided and (recheck := self._recheck_surprise(trials)) is not None:
+            return recheck  # the last pick, past the budget
+        if going:
+            return Wait("the search's last trials are running on other workers")
+        return None
+
+    def _retry(self, trials: Sequence[FrozenTrial]) -> Decision | None:
+        """A search trial interrupted by Ctrl-C, again (a guided pick keeps its prediction)."""
+        retried = {t.user_attrs.get("retry_of") for t in trials}
+        for t in trials:
+            a = t.user_attrs
+            if a.get("fail_reason") == INTERRUPTED and t.number not in retried and "confirms" not in a:
+                guide = {k: v for k, v in a.items() if k in GUIDE_ATTRS or k.startswith("predicted_")}
+                return Run(t.params, {**guide, "retry_of": t.number}, why=f"trial {t.number} was interrupted")
+        return None
+
+    def _pick(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+        if self.guided:
+            return self._guided(study, trials)
+        if self.grid:
+            taken = {params_key(t) for t in trials}
+            for spec in self.space.enumerate():
+                params = self.space.params_of(spec)
+                if not spec.is_baseline and json.dumps(params, sort_keys=True) not in taken:
+                    return Run(params, why="the grid's next candidate")
+            return Wait("the grid's last candidates are running") if any(map(in_flight, trials)) else None
+        return Run(None, why="the sampler's choice")
+
+    def _guided(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+        """The guided plan's next candidate, with its prediction as trial attributes.
+
+        None when the search should stop: every candidate left is predicted clearly worse than
+        the best measured, and that best was measured on two engines (the skipped ones are
+        listed in the study attribute ``guide``). A best measured on one engine is measured
+        again first (:data:`RECHECK_BEST`): its lead may be its engine's, and the two engines
+        tell the study how much engines differ (:func:`spectune.results.engine_spread`), which
+        widens the noise of every configuration measured once. Without a measured baseline
+        there is nothing to predict from and the sampler chooses.
+        """
+        from spectune.predict import plan_next
+        from spectune.results import StudyView, engine_spread
+
+        view = StudyView(study, self.store, self.url)
+        if view.baseline() is None:
+            if any(in_flight(t) and t.user_attrs.get("role") == "baseline" for t in trials):
+                return Wait("guided search predicts from the baseline, which is running")
+            return Run(None, why="no baseline to predict from: the sampler chooses")
+        if (recheck := self._recheck_surprise(trials)) is not None:  # before anything is fitted on that one engine
+            return recheck
+        inputs = view.prediction_inputs(confirmations=False)  # the search plans on its own measurements
+        busy = {t.user_attrs.get("spec_key") for t in trials if in_flight(t)}  # other workers' candidates
+        todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
+        if not todo:
+            return Wait("every candidate left is running on another worker") if inputs.candidates else None
+        sign = 1.0 if inputs.maximize else -1.0
+        # the best measured (mean over its engines), at the low end of its noise: one lucky window,
+        # or one lucky engine once engines are known to differ, does not end the search
+        engines = view.engines(confirmations=False)  # measured once: noise at least the engines' spread
+        spread = engine_spread(engines)
+        feasible = [c for c in engines if c.feasible]
+        lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
+        best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf  # none feasible yet: all could beat it
+        top = max(feasible, key=lambda c: sign * c.value) if feasible else None  # what the study would choose
+        step = sum(1 for t in trials if "guide_reason" in t.user_attrs and "retry_of" not in t.user_attrs)
+        # its best measured again before stopping, and the search goes on: no guided pick since then
+        rechecked = max((t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST), default=None)
+        contested = rechecked is not None and not any("guide_reason" in t.user_attrs and t.number > rechecked
+                                                      for t in trials)
+        plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step, contested=contested)
+        study.set_user_attr("guide", {
+            "best_measured": best,
+            "engine_spread": spread,
+            "candidates_left": len(plan.candidates),
+            "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
+                         "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}
+                        for p in plan.skipped],
+        })
+        if plan.pick is None and busy:
+            return Wait("guided search would stop; the trials running may change its plan")
+        if plan.pick is None and top is not None and len(top.values) == 1 and top.row.number not in measured_again(trials):
+            _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
+            first = next(t for t in trials if t.number == top.row.number)
+            return Run(first.params, {"confirms": top.row.number, "recheck": RECHECK_BEST},
+                       why=f"{RECHECK_BEST}, again on a fresh engine")
+        if plan.pick is None:
+            if not self._stop_reported:
+                _logger.info("guided search stops: the %d candidates left are predicted clearly worse than %.4g",
+                             len(plan.skipped), best)
+                self._stop_reported = True
+                if self.on_guide_stop is not None:
+                    self.on_guide_stop(len(plan.skipped))
+            return None
+        p = plan.pick
+        return Run(self.space.params_of(p.spec), {
+            f"predicted_{p.objective}": p.value.value, "predicted_low": p.value.low,
+            "predicted_high": p.value.high, "predicted_acceptance_length": p.mean_acceptance_length,
+            "prediction_source": p.source, "guide_reason": plan.reason, "guide_step": step,
+        }, why=f"guided search: the most {plan.reason}")
+
+    def _recheck_surprise(self, trials: Sequence[FrozenTrial]) -> Run | None:
+        """A fresh-engine measurement of a guided pick measured outside its predicted interval
+        (:func:`spectune.predict.surprising`) and not measured again yet."""
+        from spectune.predict import surprising
+
+        again = measured_again(trials)
+        for t in trials:
+            a = t.user_attrs
+            if _state(t) == "COMPLETE" and "guide_reason" in a and "duplicate_of" not in a \
+                    and "confirms" not in a and t.number not in again and t.values \
+                    and surprising(a["predicted_low"], a["predicted_high"], t.values[0]):
+                _logger.info("trial %d measured %.4g, outside its predicted interval [%.4g, %.4g]: measuring it again",
+                             t.number, t.values[0], a["predicted_low"], a["predicted_high"])
+                return Run(t.params, {"confirms": t.number, "recheck": RECHECK_SURPRISE},
+                           why=f"trial {t.number} {RECHECK_SURPRISE}")
+        return None
+
+    def _confirmations(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+        """A fresh-engine measurement of the baseline or of one of the ``confirm`` best feasible
+        configurations by the first objective, each measured on one engine only so far (a
+        resumed study does not confirm twice; more searching, or a larger ``confirm``,
+        confirms the new best)."""
+        if not self.confirm:
+            return None
+        from spectune.results import StudyView
+
+        view = StudyView(study, self.store, self.url)
+        configs = view.engines()
+        sign = 1.0 if view.directions[0] == "maximize" else -1.0
+        # ranked by their first engine, as the search met them: a resumed study confirms the same ones
+        # (a configuration guided search already measured twice takes its place without a third)
+        ranked = sorted((c for c in configs if c.feasible and not c.row.is_baseline), key=lambda c: -sign * c.values[0])
+        if len(view.directions) > 1:  # two objectives: the configurations of the Pareto front
+            front = {t.number for t in study.best_trials}
+            ranked = [c for c in ranked if front.intersection(c.numbers)]
+        chosen = [c for c in configs if c.row.is_baseline] + ranked[: self.confirm]
+        by_number = {t.number: t for t in trials}
+        done = measured_again(trials)
+        todo = [c for c in chosen if len(c.values) == 1 and c.row.number not in done]
+        if not todo:
+            return None
+        # numbered after the search: the confirmations run or done, this one, those left
+        finished = sum(1 for t in trials if counts_as_finished(t))
+        confirmed = sum(1 for t in trials if "confirms" in t.user_attrs and "recheck" not in t.user_attrs
+                        and (_state(t) in ("RUNNING", "COMPLETE") or engine_failed(t)))
+        first = todo[0].row.number
+        return Run(by_number[first].params, {"confirms": first}, why=f"confirming trial {first} on a fresh engine",
+                   progress=(finished + confirmed + 1, finished + confirmed + len(todo)))

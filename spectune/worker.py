@@ -1,0 +1,340 @@
+"""A worker: asks the study's search for trials and measures them, one engine per GPU group,
+until the study needs no more.
+
+Any number of workers share a study through its storage: on PostgreSQL from any number of
+machines (``spectune worker --storage postgresql+psycopg://... --study NAME``), on SQLite from
+one process. Each trial is chosen and created under the study's lock
+(:func:`spectune.storage.study_lock`) from what the storage holds, so no two workers measure
+the same candidate; while it runs, the worker's heartbeat thread marks it alive. A worker that
+dies (even by SIGKILL) takes its engine with it (:class:`spectune.engines.VLLMServer`'s
+watchdog), and its RUNNING trial goes stale: the next worker that asks fails it, and Optuna's
+stale-trial callback queues it again (:func:`spectune.storage.open_optuna_storage`), for the
+first worker that asks next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from spectune.errors import ConfigError, EngineError
+from spectune.objective import TrialFunction, progress_of, trial_id
+from spectune.search import (
+    INTERRUPTED,
+    Run,
+    SearchStrategy,
+    Stop,
+    StudyStrategy,
+    Wait,
+    counts_as_finished,
+    engine_failed,
+)
+from spectune.storage import spec_key, study_lock, worker_claim
+
+if TYPE_CHECKING:
+    import optuna
+
+    from spectune.config import EngineArgs, SpecConfig
+    from spectune.study import StudyContext, StudyHook, StudyResult
+    from spectune.trial import Measurement, TrialHook
+
+__all__ = ["Slot", "parse_gpus", "run_worker"]
+
+_logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS_PER_TRIAL = 5
+"""A sampler that keeps suggesting measured candidates is stopped after this many tries per trial."""
+
+GPU_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a worker runs one engine at a time: a GPU group, or (``gpus`` None) wherever the
+    engine's environment puts it (the CPU, or the GPUs the worker itself was given)."""
+
+    gpus: tuple[int, ...] | None = None
+
+    @property
+    def label(self) -> str | None:
+        return ",".join(map(str, self.gpus)) if self.gpus is not None else None
+
+    def place(self, engine: EngineArgs) -> EngineArgs:
+        """The study's engine arguments on this slot: its GPUs as ``CUDA_VISIBLE_DEVICES``, and
+        tensor parallelism over the group unless the study fixes it (:func:`parse_gpus` checked)."""
+        if self.gpus is None:
+            return engine
+        return engine.model_copy(update={
+            "env": {**engine.env, GPU_ENV: self.label},
+            "tensor_parallel_size": engine.tensor_parallel_size or len(self.gpus),
+        })
+
+
+def parse_gpus(text: str | None) -> list[Slot]:
+    """``"0,1,2,3"``: one engine per GPU; ``"0-1,2-3"``: one per group of two; None: one engine,
+    placed by the environment.
+
+    Raises:
+        ConfigError: not GPU numbers and ranges, a GPU in two groups, or groups of different sizes
+            (their trials would not compare).
+    """
+    if text is None or not text.strip():
+        return [Slot()]
+    groups: list[tuple[int, ...]] = []
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high) if sep else int(low)
+        except ValueError:
+            raise ConfigError(f"--gpus {text!r}: expected GPU numbers and ranges, e.g. 0,1,2,3 or 0-1,2-3") from None
+        if first < 0 or last < first:
+            raise ConfigError(f"--gpus {text!r}: {part.strip()!r} is no GPU range")
+        groups.append(tuple(range(first, last + 1)))
+    seen = [g for group in groups for g in group]
+    if len(seen) != len(set(seen)):
+        raise ConfigError(f"--gpus {text!r}: a GPU is in two groups")
+    if len({len(g) for g in groups}) > 1:
+        raise ConfigError(f"--gpus {text!r}: every group needs the same number of GPUs "
+                          "(trials on groups of other sizes would not compare)")
+    return [Slot(g) for g in groups]
+
+
+def _check_placement(ctx: StudyContext, slots: list[Slot]) -> None:
+    """Refuse groups that do not fit the study: a fixed tensor parallel size of another size, or
+    other workers' engines on groups of another size (recorded with the first one)."""
+    size = len(slots[0].gpus) if slots[0].gpus is not None else None
+    fixed = ctx.engine.tensor_parallel_size
+    if size is not None and fixed is not None and fixed != size:
+        raise ConfigError(f"--gpus: groups of {size} GPU(s), but the study fixes tensor_parallel_size {fixed}")
+    recorded = ctx.study.user_attrs.get("gpus_per_engine", "unset")
+    if recorded == "unset":
+        ctx.study.set_user_attr("gpus_per_engine", size)
+    elif recorded != size:
+        def says(n: int | None) -> str:
+            return f"{n} GPU(s) per engine (--gpus)" if n is not None else "engines placed by their environment (no --gpus)"
+
+        raise ConfigError(f"study {ctx.study.study_name} measures with {says(recorded)}; this worker would use "
+                          f"{says(size)}: its trials would not compare")
+
+
+@contextlib.contextmanager
+def _heartbeat(ctx: StudyContext, number: int) -> Iterator[None]:
+    """Record the trial's heartbeat every ``heartbeat_interval`` seconds while it runs."""
+    interval = ctx.storage.get_heartbeat_interval()
+    if interval is None:
+        yield
+        return
+    tid = trial_id(ctx.storage, ctx.study.study_name, number)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                ctx.storage.record_heartbeat(tid)
+            except Exception as e:
+                _logger.warning("heartbeat of trial %d not recorded: %s", number, e)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"spectune-heartbeat-{number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@dataclass
+class _Claim:
+    trial: optuna.Trial
+    spec: SpecConfig
+    progress: tuple[int, int]
+
+
+class _Worker:
+    """The loop of one worker process: each slot asks, claims, measures and tells."""
+
+    def __init__(self, ctx: StudyContext, strategy: SearchStrategy, run: TrialFunction, slots: list[Slot]) -> None:
+        self.ctx = ctx
+        self.strategy = strategy
+        self.run = run
+        self.slots = slots
+        self.poll = float(min(5, ctx.config.heartbeat_interval))
+        self.host = socket.gethostname()
+
+    def claim(self, slot: Slot) -> _Claim | Wait | Stop:
+        """Under the study's lock: fail stale trials, then take a waiting trial or the search's
+        decision, and start it (RUNNING) with its candidate and placement as attributes."""
+        import optuna
+
+        study = self.ctx.study
+        with study_lock(self.ctx.url, study.study_name), warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+            optuna.storages.fail_stale_trials(study)
+            trials = study.get_trials(deepcopy=False)
+            progress = None
+            if not any(t.state == optuna.trial.TrialState.WAITING for t in trials):
+                decision = self.strategy.decide(study)
+                if not isinstance(decision, Run):
+                    return decision
+                _logger.info("next trial: %s", decision.why)
+                if decision.params is not None:
+                    study.enqueue_trial(decision.params, user_attrs=decision.attrs)
+                progress = decision.progress
+            trial = study.ask()  # the oldest waiting trial: the one just enqueued, or a retried one
+            spec = self.ctx.space.suggest(trial)
+            key = spec_key(spec.to_vllm())
+            trial.set_user_attr("config", spec.label())
+            trial.set_user_attr("spec", spec.to_vllm() or {"method": "none"})
+            trial.set_user_attr("spec_key", key)
+            trial.set_user_attr("placement", {"host": self.host, "gpus": slot.label, "pid": os.getpid()})
+            if "confirms" not in trial.user_attrs and (earlier := _same_candidate(trials, key, trial.number)) is not None:
+                trial.set_user_attr("duplicate_of", earlier)  # answered from it, no engine started
+            return _Claim(trial, spec, progress or progress_of(trials, trial.user_attrs, self.ctx.config.trials))
+
+    def loop(self, slot: Slot) -> None:
+        """Ask, measure and tell until the search says stop (or a sampler keeps repeating itself)."""
+        import optuna
+
+        attempts = 0
+        limit = MAX_ATTEMPTS_PER_TRIAL * self.ctx.config.trials
+        waited_on: tuple[tuple[int, str], ...] | None = None
+        while attempts < limit:
+            fingerprint = tuple((t.number, t.state.name) for t in self.ctx.study.get_trials(deepcopy=False))
+            if fingerprint == waited_on:  # nothing finished since the last answer was to wait
+                time.sleep(self.poll)
+                with contextlib.suppress(Exception), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    optuna.storages.fail_stale_trials(self.ctx.study)
+                continue
+            claimed = self.claim(slot)
+            if isinstance(claimed, Stop):
+                _logger.info("worker stops: %s", claimed.why)
+                return
+            if isinstance(claimed, Wait):
+                _logger.info("worker waits: %s", claimed.why)
+                waited_on = fingerprint
+                time.sleep(self.poll)
+                continue
+            waited_on = None
+            attempts += 1
+            self.measure(claimed, slot)
+        _logger.warning("worker stops after %d trials: the sampler keeps suggesting measured candidates", attempts)
+
+    def measure(self, claimed: _Claim, slot: Slot) -> None:
+        """Run the trial with its heartbeat and tell Optuna how it ended; KeyboardInterrupt and
+        other errors are told as FAIL, then go on up."""
+        import optuna
+
+        trial, study = claimed.trial, self.ctx.study
+        with _heartbeat(self.ctx, trial.number):
+            try:
+                values = self.run(trial, claimed.spec, claimed.progress, engine=slot.place(self.ctx.engine))
+            except EngineError:  # data: recorded by the trial function
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                return
+            except BaseException:
+                if "fail_reason" not in trial.user_attrs:
+                    trial.set_user_attr("fail_reason", INTERRUPTED)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+        study.tell(trial, values if len(values) > 1 else values[0])
+
+    def run_slots(self) -> None:
+        """One slot in this thread; several in threads of their own. Ctrl-C (in this thread)
+        is raised in every slot's thread too, so that each stops its engine and marks its trial
+        interrupted."""
+        if len(self.slots) == 1:
+            self.loop(self.slots[0])
+            return
+        errors: list[BaseException] = []
+
+        def target(slot: Slot) -> None:
+            try:
+                self.loop(slot)
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=target, args=(s,), name=f"spectune-slot-{s.label}") for s in self.slots]
+        for t in threads:
+            t.start()
+        try:
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.5)
+        except KeyboardInterrupt:
+            for t in threads:
+                if t.is_alive() and t.ident is not None:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt))
+            for t in threads:
+                t.join()
+            raise
+        if errors:
+            raise errors[0]
+
+
+def _same_candidate(trials: list[optuna.trial.FrozenTrial], key: str, number: int) -> int | None:
+    """An earlier trial of candidate ``key`` that completed, failed by its engine, or runs: a
+    sampler's repeat is answered from it."""
+    for t in trials:
+        a = t.user_attrs
+        if t.number == number or a.get("spec_key") != key or "duplicate_of" in a or "confirms" in a:
+            continue
+        if t.state.name in ("COMPLETE", "RUNNING") or engine_failed(t):
+            return t.number
+    return None
+
+
+def run_worker(
+    ctx: StudyContext,
+    *,
+    slots: list[Slot] | None = None,
+    progress: StudyHook | None = None,
+    trial_progress: Callable[[str], TrialHook | None] | None = None,
+    measure_fn: Callable[..., Measurement] | None = None,
+    strategy: SearchStrategy | None = None,
+) -> StudyResult:
+    """Work on study ``ctx`` until it needs no more trials: its budget of finished trials is spent
+    (counted over every worker), the search has stopped and its rechecks and confirmations are
+    done. ``slots``: one engine at a time on each (default: one, placed by the environment).
+
+    Raises:
+        StorageError: another process works on the same SQLite file (one line naming PostgreSQL).
+        ConfigError: GPU groups that do not fit the study.
+    Lets KeyboardInterrupt through once every engine has stopped and its trial is marked
+    ``interrupted``.
+    """
+    from spectune.study import StudyEvent, StudyResult
+    from spectune.trial import measure as measure_engine
+
+    slots = slots or [Slot()]
+    hook = progress or (lambda e: None)
+    config = ctx.config
+    with worker_claim(ctx.url):
+        _check_placement(ctx, slots)
+        strategy = strategy or StudyStrategy(
+            space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler, objectives=len(config.objectives),
+            trials=config.trials, confirm=config.confirm,
+            on_guide_stop=lambda skipped: hook(StudyEvent("guide_stop", 0, config.trials, "", done=skipped)))
+        run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
+                            prompts=ctx.prompts, measure=measure_fn or measure_engine, hook=hook,
+                            trial_progress=trial_progress)
+        _Worker(ctx, strategy, run, slots).run_slots()
+        strategy.finish(ctx.study)
+    study = ctx.study
+    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+    return StudyResult(study_name=study.study_name, storage=ctx.url, **run.counts,
+                       best=[t.number for t in study.best_trials] if complete else [],
+                       finished=sum(1 for t in study.get_trials(deepcopy=False) if counts_as_finished(t)))
+
