@@ -145,7 +145,7 @@ def render_study(view: object, console: Console | None = None) -> None:
     t = Table(title=f"study {escape(view.name)} ({', '.join(f'{o} {d}' for o, d in zip(view.objectives, view.directions, strict=False))})")
     guided = any(r.predicted is not None for r in view.rows)
     for col in ("#", "state", "config", *view.objectives, *(["predicted"] if guided else []),
-                "speedup", "acceptance", "accept len", "note"):
+                "speedup", "acceptance", "accept len", "note", *(["ran on"] if view.placed else [])):
         t.add_column(col, overflow="fold")
     for r in view.sorted_rows():
         vals = [f"{v:.4g}" for v in r.values] if r.values else ["-"] * len(view.objectives)
@@ -153,7 +153,8 @@ def render_study(view: object, console: Console | None = None) -> None:
             vals.append(_fmt(r.predicted, ".4g"))
         t.add_row(str(r.number), r.state, escape(r.label), *vals,
                   _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""),
-                  _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(r.note))
+                  _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(r.note),
+                  *([escape(r.placement or "-")] if view.placed else []))
     console.print(t)
     guide = view.study.user_attrs.get("guide") or {}
     skipped = guide.get("skipped") or []

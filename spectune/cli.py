@@ -90,7 +90,7 @@ def measure(
     engine_arg: Annotated[list[str], typer.Option(help="Further vllm serve option KEY=VALUE (repeatable).")] = [],
     host: Annotated[str, typer.Option(help="Address the engine binds to.")] = "127.0.0.1",
     log_dir: Annotated[Path, typer.Option(help="Where engine logs are kept.")] = Path("storage/logs"),
-    startup_timeout: Annotated[float, typer.Option(min=1.0)] = 600.0,
+    startup_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds the engine may take to become healthy.")] = 1800.0,
     repeats: Annotated[int, typer.Option(min=1, help="Split the prompts into this many disjoint windows on one engine (for noise).")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Measurement as JSON.")] = False,
 ) -> None:

@@ -29,6 +29,14 @@ class Hardware(BaseModel):
     cpu_count: int
     memory_bytes: int | None
     gpus: list[str]
+    """The GPUs the engine was given (``CUDA_VISIBLE_DEVICES``), not every GPU of the host."""
+    cpu_features: list[str] = []
+    """Processor features that change what speculation costs here (:data:`CPU_FEATURES`)."""
+
+
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+"""Where present, vectors and native bfloat16 make the CPU engine's step, and so the landscape,
+differ between machines of one kind."""
 
 
 def _version(dist: str) -> str | None:
@@ -59,13 +67,26 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _gpus() -> list[str]:
+def _cpu_features() -> list[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [x for x in CPU_FEATURES if x in flags]
+    except OSError:
+        pass
+    return []
+
+
+def _gpus(visible: str | None) -> list[str]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
+    only = ["--id=" + visible.strip()] if visible and visible.strip() else []
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader", *only],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
@@ -74,7 +95,10 @@ def _gpus() -> list[str]:
 
 
 @functools.cache
-def hardware() -> Hardware:
+def hardware(visible_gpus: str | None = None) -> Hardware:
+    """This machine, with the GPUs ``visible_gpus`` names (``CUDA_VISIBLE_DEVICES``: indices or
+    UUIDs; default: this process's own ``CUDA_VISIBLE_DEVICES``, else every GPU)."""
+    visible_gpus = visible_gpus if visible_gpus is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
@@ -84,5 +108,6 @@ def hardware() -> Hardware:
         cpu=_cpu_model(),
         cpu_count=os.cpu_count() or 1,
         memory_bytes=mem,
-        gpus=_gpus(),
+        gpus=_gpus(visible_gpus),
+        cpu_features=_cpu_features(),
     )

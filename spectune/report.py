@@ -559,11 +559,13 @@ def _trial_cells(view: StudyView, r: TrialRow) -> list[str]:
     values = [_fmt(v) for v in r.values] if r.values else ["-"] * len(view.objectives)
     return [str(r.number), r.state, r.label, *values, _fmt(r.speedup, ".3f", "x"),
             _fmt(r.noise, ".1%") if r.noise is not None else "-",
-            _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), r.note]
+            _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), r.note,
+            *([r.placement or "-"] if view.placed else [])]
 
 
 def _trial_header(view: StudyView) -> list[str]:
-    return ["#", "state", "config", *view.objectives, "speedup", "noise", "acceptance", "accept len", "note"]
+    return ["#", "state", "config", *view.objectives, "speedup", "noise", "acceptance", "accept len", "note",
+            *(["ran on"] if view.placed else [])]
 
 
 _CSS = """

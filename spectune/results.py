@@ -68,6 +68,8 @@ class TrialRow:
     its predicted interval (:func:`spectune.predict.surprising`), or it was the best measured
     when the search would have stopped (``recheck_reason``)."""
     recheck_reason: str | None = None
+    placement: str | None = None
+    """Where the trial ran: its worker's host, and the GPUs its engine was given."""
 
     @property
     def is_baseline(self) -> bool:
@@ -193,6 +195,11 @@ class StudyView:
     @property
     def name(self) -> str:
         return self.study.study_name
+
+    @property
+    def placed(self) -> bool:
+        """Whether the trials ran in more than one place (hosts, GPU groups): worth a column."""
+        return len({r.placement for r in self.rows if r.placement is not None}) > 1
 
     def complete(self) -> list[TrialRow]:
         return [r for r in self.rows if r.state == "COMPLETE" and r.values is not None]
@@ -374,7 +381,14 @@ def _row(t: optuna.trial.FrozenTrial, objective: str) -> TrialRow:
         predicted=predicted if isinstance(predicted, int | float) else None,
         confirms=attrs.get("confirms"), recheck=bool(attrs.get("recheck")),
         recheck_reason=attrs.get("recheck") if isinstance(attrs.get("recheck"), str) else None,
+        placement=_placement(attrs.get("placement")),
     )
+
+
+def _placement(raw: Any) -> str | None:
+    if not isinstance(raw, dict) or not raw.get("host"):
+        return None
+    return f"{raw['host']} gpus {raw['gpus']}" if raw.get("gpus") else str(raw["host"])
 
 
 def open_study(storage: str | None, study_name: str | None) -> StudyView:

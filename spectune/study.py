@@ -34,6 +34,7 @@ from pydantic import Field, field_validator
 
 from spectune._util import StrictModel, load_yaml_file, validate
 from spectune.config import EngineArgs, Method
+from spectune.engines import DEFAULT_STARTUP_TIMEOUT
 from spectune.errors import ConfigError, EngineError
 from spectune.storage import (
     MeasurementStore,
@@ -139,7 +140,8 @@ class StudyConfig(StrictModel):
         "fresh engine: the choice then rests on each one's mean over its engines, and its noise band on "
         "the spread between them (engine starts differ more than windows on one engine).",
     )
-    startup_timeout: float = Field(default=600.0, gt=0)
+    startup_timeout: float = Field(default=DEFAULT_STARTUP_TIMEOUT, gt=0,
+                                   description="Seconds an engine may take to become healthy (loading, compiling).")
     window_timeout: float | None = Field(default=1800.0, gt=0)
     log_dir: Path = Path("storage/logs")
     heartbeat_interval: int = Field(default=30, ge=1, description="Seconds between a worker's heartbeats.")

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from spectune.config import EngineArgs, SpecConfig
 from spectune.counters import fetch_counters
-from spectune.engines import VLLMServer
+from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer
 from spectune.errors import ConfigError, EngineCrashedError, EngineError, EngineTimeoutError
 from spectune.load import LoadResult, RequestRecord, run_load
 from spectune.provenance import Hardware, Versions, hardware, versions
@@ -226,7 +226,7 @@ def summarize(
         itl_ms=LatencyStats.of([x for r in ok for x in r.itl]),
         e2el_ms=LatencyStats.of([r.e2el for r in ok if r.e2el is not None]),
         acceptance=acceptance, peak_memory_bytes=peak_memory_bytes,
-        versions=versions(), hardware=hardware(), windows=windows,
+        versions=versions(), hardware=hardware(engine.env.get("CUDA_VISIBLE_DEVICES")), windows=windows,
         requests=[RequestSample.of(r) for r in records],
     )
 
@@ -238,7 +238,7 @@ def measure(
     prompts: Sequence[Prompt],
     *,
     log_dir: Path,
-    startup_timeout: float = 600.0,
+    startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
     window_timeout: float | None = None,
     progress: TrialHook | None = None,
     server_factory: Callable[..., VLLMServer] = VLLMServer,

@@ -10,6 +10,9 @@ Behaviours:
   answers its health check it writes its command line, environment and start time as JSON to
   ``$FAKE_ENGINE_RECORD/<pid>.json`` when that folder is set (what GPU placement tests read),
   and notes its stop time there when it is stopped (SIGTERM).
+
+With ``FAKE_ENGINE_BUSY_STARTS=N`` (and the record folder set), the first N starts exit at once
+with vLLM's refusal to start on a device whose memory is not yet free.
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ def main() -> None:
     parser.add_argument("--behaviour", default=os.environ.get("FAKE_ENGINE_BEHAVIOUR", "hang"))
     args, _ = parser.parse_known_args()
     token_seconds = float(os.environ.get("FAKE_ENGINE_TOKEN_MS", "5")) / 1000.0
+    busy = int(os.environ.get("FAKE_ENGINE_BUSY_STARTS", "0"))
+    if busy and (folder := os.environ.get("FAKE_ENGINE_RECORD")):
+        count = Path(folder) / "busy-starts"
+        refused = int(count.read_text()) if count.exists() else 0
+        if refused < busy:
+            count.write_text(str(refused + 1))
+            print("ValueError: Free memory on device (3.1/79.2 GiB) on startup is less than desired GPU memory "
+                  "utilization (0.9, 71.28 GiB). Decrease GPU memory utilization or reduce GPU memory used by "
+                  "other processes.", flush=True)
+            raise SystemExit(1)
     generated = 0
 
     async def health(_: web.Request) -> web.Response:

@@ -95,7 +95,16 @@ def test_each_gpu_group_runs_its_own_engine_at_the_same_time(tmp_path: Path, rep
     assert overlapping and all(a[2] != b[2] for a, b in overlapping)  # two engines at once, never on one group
     study = optuna.load_study(study_name="placed", storage=cfg.storage)
     placed = {t.user_attrs["placement"]["gpus"] for t in study.trials}
-    assert placed == groups  # where each trial ran is recorded with it
+    assert placed == groups  # where each trial ran is recorded with it, and shown
+    from rich.console import Console
+
+    from spectune._progress import render_study
+    from spectune.results import open_study
+
+    console = Console(record=True, width=240)
+    render_study(open_study(cfg.storage, "placed"), console)
+    shown = console.export_text()
+    assert "ran on" in shown and all(f"gpus {g}" in shown for g in groups)
     # another worker must use groups of the same size: trials on other sizes would not compare
     other = "0-1" if gpus == "0,1" else "0"
     with pytest.raises(ConfigError, match="would not compare"):
@@ -260,3 +269,26 @@ def test_three_workers_one_killed_mid_trial_the_study_completes_and_nothing_is_l
     assert retry[0].user_attrs["placement"]["pid"] != victim.pid
     measured = _measured_keys(study)
     assert sum(measured.values()) == 4 and max(measured.values()) == 1  # none lost, none completed twice
+
+
+# -- the previous engine's memory ---------------------------------------------------------------
+
+@pytest.mark.parametrize(("busy", "starts"), [(2, True), (3, False)])
+def test_an_engine_refused_for_memory_not_yet_free_is_started_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    busy: int, starts: bool) -> None:
+    from spectune.config import EngineArgs, SpecConfig
+    from spectune.errors import EngineStartError
+
+    _fake_engines(tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_ENGINE_BUSY_STARTS", str(busy))
+    server = VLLMServer(EngineArgs(model="m"), SpecConfig(), log_path=tmp_path / "e.log", platform=FAKE,
+                        startup_timeout=60, memory_waits=(0.2, 0.2))
+    if starts:
+        with server:
+            assert server.is_running()
+    else:
+        with pytest.raises(EngineStartError, match="less than desired GPU memory utilization"), server:
+            pass
+    assert not server.is_running()
+    log = (tmp_path / "e.log").read_text()
+    assert log.count("# spectune:") == min(busy + 1, 3)  # each start in the one log

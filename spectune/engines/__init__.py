@@ -3,6 +3,8 @@
 from spectune.engines._base import EngineServer
 from spectune.engines._platform import PIN_ENV, CpuBinding, Platform, cpu_binding, detect_platform, vllm_version
 from spectune.engines._vllm import (
+    DEFAULT_STARTUP_TIMEOUT,
+    MEMORY_BUSY,
     VLLMServer,
     build_command,
     free_port,
@@ -11,6 +13,8 @@ from spectune.engines._vllm import (
 )
 
 __all__ = [
+    "DEFAULT_STARTUP_TIMEOUT",
+    "MEMORY_BUSY",
     "PIN_ENV",
     "CpuBinding",
     "EngineServer",

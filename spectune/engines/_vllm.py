@@ -31,6 +31,17 @@ _logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 _ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception|Exit)): (.+)$")
 
+MEMORY_BUSY = re.compile(r"(?:Free|Available) memory on (?:device|node)\b.*\bis less than desired (?:GPU|CPU) memory utilization")
+"""vLLM's refusal to start when its device holds less free memory than ``gpu_memory_utilization``
+asks for (``gpu_worker.py``: "Free memory on device (x/y GiB) on startup is less than desired GPU
+memory utilization"; the CPU build's "Available memory on node 0 ..."). Checked before the model
+loads, so it says nothing about the configuration: most often the previous engine on these
+devices has not given its memory back yet."""
+
+DEFAULT_STARTUP_TIMEOUT = 1800.0
+"""Seconds an engine may take to become healthy: loading a 70B checkpoint from network storage,
+then compiling and capturing CUDA graphs, takes many minutes."""
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
@@ -156,10 +167,11 @@ class VLLMServer(EngineServer):
         spec: SpecConfig,
         *,
         log_path: Path,
-        startup_timeout: float = 600.0,
+        startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
         stop_timeout: float = 15.0,
         port: int | None = None,
         platform: Platform | None = None,
+        memory_waits: tuple[float, ...] = (10.0, 30.0, 60.0),
     ) -> None:
         self.platform = platform or detect_platform()
         self.args = resolve_engine_args(args, self.platform)
@@ -167,6 +179,9 @@ class VLLMServer(EngineServer):
         self.log_path = Path(log_path)
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
+        self.memory_waits = memory_waits
+        """Seconds to wait before each new start while the devices' memory is not yet free
+        (:data:`MEMORY_BUSY`); the last refusal is the trial's failure."""
         self.port = port if port is not None else free_port(self.args.host)
         self.command = build_command(self.args, spec, self.port, self.platform)
         self.startup_seconds: float | None = None
@@ -215,8 +230,26 @@ class VLLMServer(EngineServer):
         return self._peak_rss or None
 
     def start(self) -> None:
+        """Start the engine and wait until it is healthy; an engine refused because its devices'
+        memory is not yet free (:data:`MEMORY_BUSY`) is started again after each of
+        :attr:`memory_waits`, its log kept."""
         if self._proc is not None:
             raise RuntimeError("this server was already started")
+        for wait in (*self.memory_waits, None):
+            try:
+                self._launch()
+                return
+            except EngineStartError as e:
+                if wait is None or not MEMORY_BUSY.search(str(e)):
+                    raise
+                _logger.warning("engine refused to start, its devices' memory is not yet free; starting it again "
+                                "in %.0f s: %s", wait, e)
+                self.stop()
+                self._proc = None
+                self._sampling = threading.Event()
+                time.sleep(wait)
+
+    def _launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._tmpdir = tempfile.mkdtemp(prefix="spectune-engine-")
         env = {**os.environ, **(self.binding.env if self.binding else {}), **self.args.env,
