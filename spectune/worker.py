@@ -56,6 +56,9 @@ MAX_ATTEMPTS_PER_TRIAL = 5
 
 GPU_ENV = "CUDA_VISIBLE_DEVICES"
 
+POLL_SECONDS = 5
+"""How often a waiting worker looks at the study again (at most the heartbeat interval)."""
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -164,12 +167,13 @@ class _Claim:
 class _Worker:
     """The loop of one worker process: each slot asks, claims, measures and tells."""
 
-    def __init__(self, ctx: StudyContext, strategy: SearchStrategy, run: TrialFunction, slots: list[Slot]) -> None:
+    def __init__(self, ctx: StudyContext, strategy: SearchStrategy, run: TrialFunction, slots: list[Slot],
+                 poll: float | None) -> None:
         self.ctx = ctx
         self.strategy = strategy
         self.run = run
         self.slots = slots
-        self.poll = float(min(5, ctx.config.heartbeat_interval))
+        self.poll = poll if poll is not None else float(min(POLL_SECONDS, ctx.config.heartbeat_interval))
         self.host = socket.gethostname()
 
     def claim(self, slot: Slot) -> _Claim | Wait | Stop:
@@ -304,10 +308,12 @@ def run_worker(
     trial_progress: Callable[[str], TrialHook | None] | None = None,
     measure_fn: Callable[..., Measurement] | None = None,
     strategy: SearchStrategy | None = None,
+    poll_seconds: float | None = None,
 ) -> StudyResult:
     """Work on study ``ctx`` until it needs no more trials: its budget of finished trials is spent
     (counted over every worker), the search has stopped and its rechecks and confirmations are
     done. ``slots``: one engine at a time on each (default: one, placed by the environment).
+    ``poll_seconds``: how often a waiting worker looks again (default :data:`POLL_SECONDS`).
 
     Raises:
         StorageError: another process works on the same SQLite file (one line naming PostgreSQL).
@@ -330,7 +336,7 @@ def run_worker(
         run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
                             prompts=ctx.prompts, measure=measure_fn or measure_engine, hook=hook,
                             trial_progress=trial_progress)
-        _Worker(ctx, strategy, run, slots).run_slots()
+        _Worker(ctx, strategy, run, slots, poll_seconds).run_slots()
         strategy.finish(ctx.study)
     study = ctx.study
     complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]

@@ -189,3 +189,32 @@ def test_bad_model_path_exits_1_with_the_engine_reason_quickly(tmp_path: Path, r
     assert "no-such-model" in first or "not" in first.lower()
     assert elapsed < timeout / 2
     assert list((tmp_path / "logs").glob("*.log"))
+
+
+def test_a_gpu_install_serves_with_its_own_environments_vllm_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain ``vllm`` package: its console script beside the interpreter (no activated venv
+    needed), not another environment's on PATH; SPECTUNE_SERVE_COMMAND replaces the command."""
+    from spectune.engines import _platform
+
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "vllm").write_text("#!/bin/sh\n")
+    (bin_dir / "vllm").chmod(0o755)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "vllm").write_text("#!/bin/sh\n")
+    (other / "vllm").chmod(0o755)
+    monkeypatch.setattr(_platform, "_distribution_version", lambda name: "0.33.0" if name == "vllm" else None)
+    monkeypatch.setattr(_platform.sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(other))
+    monkeypatch.delenv(_platform.SERVE_COMMAND_ENV, raising=False)
+    _platform.detect_platform.cache_clear()
+    try:
+        found = _platform.detect_platform()
+        assert found.name == "gpu" and found.serve_command == (str(bin_dir / "vllm"), "serve")
+        assert found.engine_defaults == {}  # no CPU defaults leak into a GPU user's engine
+        monkeypatch.setenv(_platform.SERVE_COMMAND_ENV, "srun --gpus 2 vllm serve")
+        _platform.detect_platform.cache_clear()
+        assert _platform.detect_platform().serve_command == ("srun", "--gpus", "2", "vllm", "serve")
+    finally:
+        _platform.detect_platform.cache_clear()

@@ -292,3 +292,23 @@ def test_an_engine_refused_for_memory_not_yet_free_is_started_again(tmp_path: Pa
     assert not server.is_running()
     log = (tmp_path / "e.log").read_text()
     assert log.count("# spectune:") == min(busy + 1, 3)  # each start in the one log
+
+
+def test_memory_not_yet_free_is_told_apart_from_a_configuration_that_does_not_fit() -> None:
+    from spectune.engines import MEMORY_BUSY, summarize_failure
+
+    busy = [
+        "ValueError: Free memory on device (3.1/79.2 GiB) on startup is less than desired GPU memory utilization "
+        "(0.9, 71.28 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+        "ValueError: Free memory on device cuda:0 (3.1/79.2 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 71.28 GiB).",
+        "ValueError: Free memory on device cuda:1 (40.0/79.2 GiB) on startup is less than the engine's budget "
+        "after excluding external process's weights (60.0 GiB).",
+        "ValueError: Available memory on node 0 (1.2/23.4 GiB) is less than desired CPU memory utilization",
+    ]
+    fits_not = [
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    ]
+    assert all(MEMORY_BUSY.search(summarize_failure(["INFO loading", line])) for line in busy)
+    assert not any(MEMORY_BUSY.search(summarize_failure([line])) for line in fits_not)

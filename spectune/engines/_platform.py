@@ -97,11 +97,12 @@ def _installed_platform() -> Platform:
             },
             pin_frontend=True,
         )
-    vllm_exe = shutil.which("vllm")
+    # the environment's own console script: beside this interpreter (a venv need not be
+    # activated), else on PATH; the module entry point only where neither exists
+    beside = Path(sys.executable).parent / "vllm"
+    vllm_exe = str(beside) if os.access(beside, os.X_OK) else shutil.which("vllm")
     if vllm_exe is not None:
         return Platform(name="gpu", serve_command=(vllm_exe, "serve"))
-    # vLLM importable from this interpreter but no console script on PATH (e.g. a venv not
-    # activated): the module entry point takes the same options.
     return Platform(
         name="gpu",
         serve_command=(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"),

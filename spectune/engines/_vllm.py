@@ -31,12 +31,16 @@ _logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 _ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception|Exit)): (.+)$")
 
-MEMORY_BUSY = re.compile(r"(?:Free|Available) memory on (?:device|node)\b.*\bis less than desired (?:GPU|CPU) memory utilization")
+MEMORY_BUSY = re.compile(r"(?:Free|Available) memory on (?:device|node)\b.*\bis less than "
+                         r"(?:desired (?:GPU|CPU) memory utilization|the engine's budget)")
 """vLLM's refusal to start when its device holds less free memory than ``gpu_memory_utilization``
-asks for (``gpu_worker.py``: "Free memory on device (x/y GiB) on startup is less than desired GPU
-memory utilization"; the CPU build's "Available memory on node 0 ..."). Checked before the model
-loads, so it says nothing about the configuration: most often the previous engine on these
-devices has not given its memory back yet."""
+asks for: "Free memory on device (x/y GiB) on startup is less than desired GPU memory utilization"
+(``v1/worker/gpu_worker.py``, 0.9.1 to 0.13), "Free memory on device cuda:0 (...)" with the device
+named (``v1/worker/utils.py::request_memory``, 0.14 on), "... less than the engine's budget after
+excluding external process's weights" (0.32 on), and the CPU build's "Available memory on node 0
+... is less than desired CPU memory utilization". Checked before the model loads, so it says
+nothing about the configuration: most often the previous engine on these devices has not given
+its memory back yet."""
 
 DEFAULT_STARTUP_TIMEOUT = 1800.0
 """Seconds an engine may take to become healthy: loading a 70B checkpoint from network storage,
