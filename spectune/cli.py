@@ -145,6 +145,7 @@ def optimize(
     create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
+    from spectune.storage import resolve_storage_url, worker_claim
     from spectune.study import create_study, load_study_config
     from spectune.worker import parse_gpus
 
@@ -154,12 +155,13 @@ def optimize(
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm,
     })
     slots = parse_gpus(gpus)
-    ctx = create_study(cfg)
-    if create_only:
-        typer.echo(f"created study {ctx.study.study_name} in {ctx.url}: {cfg.trials} trials; "
-                   f"spectune worker --storage URL --study {ctx.study.study_name} measures it")
-        return
-    _work(ctx, slots)
+    with worker_claim(resolve_storage_url(cfg.storage)):  # a second process on SQLite writes nothing
+        ctx = create_study(cfg)
+        if create_only:
+            typer.echo(f"created study {ctx.study.study_name} in {ctx.url}: {cfg.trials} trials; "
+                       f"spectune worker --storage URL --study {ctx.study.study_name} measures it")
+            return
+        _work(ctx, slots)
 
 
 @app.command()
@@ -169,11 +171,13 @@ def worker(
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 or 0-1,2-3.")] = None,
 ) -> None:
     """Join a study from this machine and measure its trials until it needs no more."""
+    from spectune.storage import resolve_storage_url, worker_claim
     from spectune.study import join_study
     from spectune.worker import parse_gpus
 
     slots = parse_gpus(gpus)
-    _work(join_study(storage, study), slots)
+    with worker_claim(resolve_storage_url(storage)):
+        _work(join_study(storage, study), slots)
 
 
 def _work(ctx: StudyContext, slots: list[Slot]) -> None:

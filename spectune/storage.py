@@ -183,6 +183,10 @@ def _schema_lock(url: str) -> Iterator[None]:
         yield
 
 
+_claims: dict[Path, tuple[IO[str], int]] = {}
+_claims_guard = threading.Lock()
+
+
 @contextlib.contextmanager
 def worker_claim(url: str) -> Iterator[None]:
     """Claim a SQLite storage for this process's workers; several processes on one SQLite
@@ -190,7 +194,7 @@ def worker_claim(url: str) -> Iterator[None]:
     workers share a study through Optuna's RDB storage and :func:`study_lock`.
 
     The claim is a lock on ``<database>.workers.lock`` beside the file, let go on exit or when
-    the process dies.
+    the process dies; re-entrant within the process (its threads and nested calls share it).
 
     Raises:
         StorageError: another process works on this SQLite file.
@@ -199,25 +203,40 @@ def worker_claim(url: str) -> Iterator[None]:
     if path is None or path == ":memory:":
         yield
         return
-    lock_path = Path(path).expanduser().with_name(Path(path).name + ".workers.lock")
-    handle: IO[str] = lock_path.open("a+")
+    lock_path = Path(path).expanduser().resolve().with_name(Path(path).name + ".workers.lock")
+    with _claims_guard:
+        handle, count = _claims.get(lock_path, (None, 0))
+        if handle is None:
+            handle = _take(lock_path, url)
+        _claims[lock_path] = (handle, count + 1)
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            raise StorageError(
-                f"storage {url} is in use by another spectune worker ({holder}); SQLite serves the "
-                "workers of one process: give several workers a PostgreSQL storage "
-                "(--storage postgresql+psycopg://USER@HOST/DB)") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
         yield
     finally:
-        handle.close()  # lets go of the lock
+        with _claims_guard:
+            handle, count = _claims.pop(lock_path)
+            if count > 1:
+                _claims[lock_path] = (handle, count - 1)
+            else:
+                handle.close()  # lets go of the lock
+
+
+def _take(lock_path: Path, url: str) -> IO[str]:
+    handle: IO[str] = lock_path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise StorageError(
+            f"storage {url} is in use by another spectune worker ({holder}); SQLite serves the "
+            "workers of one process: give several workers a PostgreSQL storage "
+            "(--storage postgresql+psycopg://USER@HOST/DB)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def check_reachable(url: str) -> None:

@@ -41,6 +41,7 @@ from spectune.storage import (
     open_optuna_storage,
     resolve_storage_url,
     study_lock,
+    worker_claim,
 )
 from spectune.workloads import Prompt, WorkloadFeatures, WorkloadSpec, compute_features
 
@@ -393,8 +394,9 @@ def run_study(
     from spectune.worker import parse_gpus, run_worker
 
     slots = parse_gpus(gpus)  # bad input first
-    return run_worker(create_study(config), slots=slots, progress=progress, trial_progress=trial_progress,
-                      measure_fn=measure_fn)
+    with worker_claim(resolve_storage_url(config.storage)):  # a second process on SQLite writes nothing
+        return run_worker(create_study(config), slots=slots, progress=progress, trial_progress=trial_progress,
+                          measure_fn=measure_fn)
 
 
 def optuna_experimental_warning() -> type[Warning]:

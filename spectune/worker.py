@@ -176,6 +176,15 @@ class _Worker:
         self.poll = poll if poll is not None else float(min(POLL_SECONDS, ctx.config.heartbeat_interval))
         self.host = socket.gethostname()
 
+    def fail_stale(self) -> None:
+        """Fail the RUNNING trials whose heartbeat stopped (Optuna queues each again), under the
+        study's lock like every change to the queue."""
+        import optuna
+
+        with study_lock(self.ctx.url, self.ctx.study.study_name), warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.ctx.study)
+
     def claim(self, slot: Slot) -> _Claim | Wait | Stop:
         """Under the study's lock: fail stale trials, then take a waiting trial or the search's
         decision, and start it (RUNNING) with its candidate and placement as attributes."""
@@ -209,8 +218,6 @@ class _Worker:
 
     def loop(self, slot: Slot) -> None:
         """Ask, measure and tell until the search says stop (or a sampler keeps repeating itself)."""
-        import optuna
-
         attempts = 0
         limit = MAX_ATTEMPTS_PER_TRIAL * self.ctx.config.trials
         waited_on: tuple[tuple[int, str], ...] | None = None
@@ -218,9 +225,7 @@ class _Worker:
             fingerprint = tuple((t.number, t.state.name) for t in self.ctx.study.get_trials(deepcopy=False))
             if fingerprint == waited_on:  # nothing finished since the last answer was to wait
                 time.sleep(self.poll)
-                with contextlib.suppress(Exception), warnings.catch_warnings():
-                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                    optuna.storages.fail_stale_trials(self.ctx.study)
+                self.fail_stale()  # a dead worker's trial, queued again, changes the fingerprint
                 continue
             claimed = self.claim(slot)
             if isinstance(claimed, Stop):
