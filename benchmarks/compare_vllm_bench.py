@@ -42,16 +42,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from spectune.engines._watchdog import group_alive
-from spectune.config import EngineArgs, SpecConfig, parse_spec
+from spectune._util import validate
+from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec, parse_spec
 from spectune.counters import SpecCounters, parse_counters
 from spectune.engines import VLLMServer, detect_platform, summarize_failure
-from spectune._util import validate
+from spectune.engines._watchdog import group_alive
 from spectune.errors import EngineCrashedError, EngineError, SpectuneError
 from spectune.load import LoadResult, run_load
-from spectune.provenance import Hardware, Versions, hardware, versions
-from spectune.trial import WindowStats
-from spectune.workloads import Prompt, WorkloadSpec, load_prompts
+from spectune.measurement import Hardware, Versions, WindowStats
+from spectune.provenance import hardware, versions
+from spectune.workloads import load_prompts
 
 _logger = logging.getLogger("compare_vllm_bench")
 

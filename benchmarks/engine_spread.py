@@ -107,10 +107,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args()
 
-    from spectune.config import EngineArgs, SpecConfig
+    from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
     from spectune.engines import PIN_ENV
     from spectune.trial import measure
-    from spectune.workloads import WorkloadSpec, load_prompts
+    from spectune.workloads import load_prompts
 
     if args.tiny:
         target = _tiny_models(None)[0]

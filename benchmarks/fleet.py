@@ -64,7 +64,7 @@ def _run(landscape: Landscape, storage: str, name: str, sampler: str, workers: i
     engines = landscape.engines()
 
     def stand_in(engine_args: Any, spec: Any, *args: Any, **kwargs: Any) -> Any:
-        from spectune.storage import spec_key
+        from spectune.measurement import spec_key
 
         key = spec_key(spec.to_vllm())
         with lock:

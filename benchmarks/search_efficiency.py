@@ -100,7 +100,7 @@ def _tiny_models(where: Path | None) -> tuple[str, str]:
 def record(args: argparse.Namespace) -> None:
     from spectune.results import open_study
     from spectune.space import load_space
-    from spectune.study import run_study
+    from spectune.worker import run_study
 
     if args.starts < 1:
         raise SystemExit(f"error: --starts {args.starts}: record the grid at least once")
@@ -189,7 +189,7 @@ def _models_by_name(landscape: Landscape) -> Landscape:
 def _trace(landscape: Landscape, config: Any, objective: str) -> dict[str, Any]:
     """Run one replayed study; what it measured in order, and its engine seconds."""
     from spectune.results import open_study
-    from spectune.study import run_study
+    from spectune.worker import run_study
 
     spent: list[tuple[str, float]] = []
     run_study(config, measure_fn=landscape.measurer(spent))
@@ -371,7 +371,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    from spectune.study import Objective, relative_noise
+    from spectune.measurement import Objective, relative_noise
 
     landscape = Landscape.load(args.landscape)
     landscape = _models_by_name(landscape) if args.no_draft_replay else _models_here(landscape)

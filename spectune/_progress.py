@@ -7,11 +7,18 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from spectune.trial import Measurement, TrialHook
+    from spectune.measurement import Measurement
+    from spectune.trial import TrialHook
 
 _PHASES = {"start": "starting engine", "warmup": "warming up", "measure": "measuring"}
 

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from spectune._hf import dtype_kwarg, quiet_transformers
 from spectune._util import package_file
 from spectune.errors import ConfigError, SpectuneError
 
@@ -192,41 +193,6 @@ def _versions(*dists: str) -> dict[str, str | None]:
     return out
 
 
-def dtype_kwarg(dtype: Any) -> dict[str, Any]:
-    """``from_pretrained``'s keyword for the weights' dtype: ``dtype`` from transformers 5 on,
-    ``torch_dtype`` before."""
-    import transformers
-
-    return {"dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype": dtype}
-
-
-@contextlib.contextmanager
-def quiet_transformers(gguf: bool = False) -> Iterator[None]:
-    """Hide transformers' progress bars (and the GGUF reader's); restores them afterwards."""
-    import functools
-    import importlib
-
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    # The GGUF reader uses tqdm directly, outside transformers' switch.
-    gguf_utils: Any = None
-    if gguf:
-        with contextlib.suppress(ImportError):
-            gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
-    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
-    if gguf_tqdm is not None:
-        gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
-    try:
-        yield
-    finally:
-        if gguf_tqdm is not None:
-            gguf_utils.tqdm = gguf_tqdm
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 # --------------------------------------------------------------------------------------------
 # Tiny models
 
@@ -273,7 +239,14 @@ def _stdlib_corpus(max_chars: int) -> list[str]:
 
 def _train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     """Train a byte-level BPE on ``texts``; return it as a ``PreTrainedTokenizerFast``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())

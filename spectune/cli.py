@@ -17,9 +17,9 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from spectune.measurement import Measurement
     from spectune.results import StudyView
     from spectune.study import StudyContext
-    from spectune.trial import Measurement
     from spectune.worker import Slot
 
 app = typer.Typer(
@@ -96,10 +96,10 @@ def measure(
 ) -> None:
     """Measure one speculative configuration on a real vLLM engine."""
     from spectune._util import validate
-    from spectune.config import EngineArgs, parse_spec
+    from spectune.config import EngineArgs, WorkloadSpec, parse_spec
     from spectune.pairing import check_pairing
     from spectune.trial import measure as run_measure
-    from spectune.workloads import WorkloadSpec, load_prompts
+    from spectune.workloads import load_prompts
 
     candidate = parse_spec(spec)
     check_pairing(model, candidate.model, candidate.method)
@@ -183,6 +183,8 @@ def worker(
 def _work(ctx: StudyContext, slots: list[Slot]) -> None:
     """Run a worker on the study with rich progress, then say where the study stands."""
     from spectune._progress import StudyProgress
+    from spectune.errors import SpectuneError
+    from spectune.report import annotate_study
     from spectune.results import open_study
     from spectune.worker import run_worker
 
@@ -192,7 +194,12 @@ def _work(ctx: StudyContext, slots: list[Slot]) -> None:
     console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
                   f"{result.reused} reused here; {result.finished} of {ctx.config.trials} trials finished; "
                   f"storage {result.storage}")
-    _print_best(open_study(result.storage, result.study_name))
+    view = open_study(result.storage, result.study_name)
+    try:  # the dashboard's note and figures; a study that cannot be annotated is still a result
+        annotate_study(view)
+    except SpectuneError as e:
+        console.print(f"study {view.name} not annotated for the dashboard: {e}")
+    _print_best(view)
 
 
 def _print_best(view: StudyView) -> None:
@@ -281,6 +288,7 @@ def predict(
     from spectune.errors import ConfigError
     from spectune.predict import levels_table, predictions_table
     from spectune.results import open_study
+    from spectune.search import study_inputs
 
     levels: list[int] = []
     if concurrency is not None:
@@ -291,7 +299,7 @@ def predict(
         if not levels:
             raise ConfigError(f"--concurrency {concurrency!r}: expected levels like 1,8,32")
     view = open_study(storage, study)
-    inputs = view.prediction_inputs()
+    inputs = study_inputs(view)
     predictions = inputs.predict()
     title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
     Console().print(predictions_table(predictions[:top], title=title))

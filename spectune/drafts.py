@@ -42,11 +42,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from spectune._hf import dtype_kwarg, quiet_transformers
 from spectune.checkpoints import (
     _import_checkpoint_deps,
     _lock,
-    dtype_kwarg,
-    quiet_transformers,
     _read_json,
     _remove_stale,
     _swap_in,
@@ -181,7 +180,8 @@ def split_prompts(sources: Sequence[str] = ("humaneval", "mtbench")) -> tuple[li
     Returns two lists of ``(source, Prompt)``. Held out: the prompts ``select`` picks with
     seed 0 for each count in :data:`HELD_OUT`.
     """
-    from spectune.workloads import WorkloadSpec, load_prompts, select
+    from spectune.config import WorkloadSpec
+    from spectune.workloads import load_prompts, select
 
     train: list[Any] = []
     held: list[Any] = []

@@ -22,7 +22,7 @@ from spectune.errors import ConfigError, StorageError
 from spectune.results import Choice, StudyView, TrialRow
 
 if TYPE_CHECKING:
-    from spectune.trial import Measurement
+    from spectune.measurement import Measurement
 
 __all__ = ["ExportResult", "batch_schedule", "export_best", "vllm_config"]
 
@@ -59,7 +59,12 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     Raises:
         ConfigError: ``m`` has no acceptance counters or baseline TPOT to derive it from.
     """
-    from spectune.predict import CostPoint, derive_schedule, fit_concurrency, fit_cost_model
+    from spectune.predict import (
+        CostPoint,
+        derive_schedule,
+        fit_concurrency,
+        fit_cost_model,
+    )
     from spectune.predict._measured import effective_k, measured_profile
 
     profile = measured_profile(m)

@@ -29,8 +29,7 @@ from pydantic import Field
 from spectune._util import StrictModel, atomic_write_text, validate
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError, EngineError
-from spectune.storage import spec_key
-from spectune.trial import Measurement
+from spectune.measurement import Measurement, spec_key
 
 if TYPE_CHECKING:
     from spectune.results import StudyView
@@ -168,7 +167,7 @@ class Landscape(StrictModel):
 
     def value(self, point: LandscapePoint, objective: str) -> float | None:
         """The point's measured value of ``objective`` (None for an engine failure)."""
-        from spectune.study import Objective
+        from spectune.measurement import Objective
 
         return None if point.measurement is None else Objective(objective).of(point.measurement)
 

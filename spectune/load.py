@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from spectune.workloads import Prompt, WorkloadSpec
+from spectune.config import Prompt, WorkloadSpec
 
 __all__ = ["LoadResult", "RequestRecord", "arrival_offsets", "run_load"]
 

@@ -14,16 +14,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import EngineError
+from spectune.measurement import spec_key
 from spectune.search import INTERRUPTED, counts_as_finished
-from spectune.storage import MeasurementStore, spec_key
+from spectune.storage import MeasurementStore
+from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs
 
 if TYPE_CHECKING:
     import optuna
 
-    from spectune.config import EngineArgs, SpecConfig
-    from spectune.study import StudyConfig, StudyHook
-    from spectune.trial import Measurement, TrialHook
-    from spectune.workloads import Prompt
+    from spectune.config import EngineArgs, Prompt, SpecConfig
+    from spectune.measurement import Measurement
+    from spectune.trial import TrialHook
 
 __all__ = ["TrialFunction", "headline", "progress_of", "trial_id"]
 
@@ -76,8 +77,6 @@ class TrialFunction:
         """Measure ``trial`` (its candidate ``spec``, already set as its attributes), numbered
         ``progress`` = (number, of) for the progress hook, on ``engine`` (the study's engine
         arguments placed on a GPU group; default: the study's). The objective values."""
-        from spectune.study import StudyEvent
-
         number, of = progress
         confirms = trial.user_attrs.get("confirms")
         label = spec.label() if confirms is None else f"{spec.label()} (again, as #{confirms})"
@@ -109,8 +108,7 @@ class TrialFunction:
         return values
 
     def _record(self, trial: optuna.Trial, tid: int, spec: SpecConfig, m: Measurement, values: list[float]) -> None:
-        from spectune.results import speedup
-        from spectune.study import relative_noise
+        from spectune.measurement import relative_noise, speedup
 
         primary = self.config.objectives[0]
         confirms = trial.user_attrs.get("confirms")
@@ -128,8 +126,6 @@ class TrialFunction:
         self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
                           spec_key=spec_key(spec.to_vllm()), measurement=m)
         if spec.is_baseline and confirms is None:  # the target's own outputs: repetition features
-            from spectune.study import features_with_outputs
-
             self.study.set_user_attr("workload_features", features_with_outputs(self.prompts, m).model_dump(mode="json"))
 
     def _reuse(self, trial: optuna.Trial, spec: SpecConfig, dup: int, progress: tuple[int, int]) -> list[float]:
@@ -166,8 +162,6 @@ class TrialFunction:
 
     def _end(self, number: int, of: int, spec: SpecConfig, state: str, values: list[float] | None,
              reason: str | None, finishing: tuple[int, list[float]] | None = None) -> None:
-        from spectune.study import StudyEvent
-
         label, gain = self.best_so_far(finishing)
         self.hook(StudyEvent("trial_end", number, of, spec.label(), state=state, values=values, reason=reason,
                              best_label=label, best_speedup=gain))
@@ -177,7 +171,8 @@ class TrialFunction:
         ``show`` and ``export`` would choose from (:meth:`StudyView.contenders`: each at its mean
         over the engines that measured it; once the study confirms, the confirmed ones), the
         trial ``finishing`` now with its values too (it is not COMPLETE until it is told)."""
-        from spectune.results import StudyView, speedup
+        from spectune.measurement import speedup
+        from spectune.results import StudyView
 
         view = StudyView(self.study, self.store, self.config_url)
         on_front: list[int] = []

@@ -9,34 +9,10 @@ import platform
 import shutil
 import subprocess
 
-from pydantic import BaseModel
-
 from spectune.engines import detect_platform, vllm_version
+from spectune.measurement import CPU_FEATURES, Hardware, Versions
 
 __all__ = ["Hardware", "Versions", "hardware", "versions"]
-
-
-class Versions(BaseModel):
-    spectune: str
-    vllm: str | None
-    torch: str | None
-    python: str
-
-
-class Hardware(BaseModel):
-    platform: str
-    cpu: str
-    cpu_count: int
-    memory_bytes: int | None
-    gpus: list[str]
-    """The GPUs the engine was given (``CUDA_VISIBLE_DEVICES``), not every GPU of the host."""
-    cpu_features: list[str] = []
-    """Processor features that change what speculation costs here (:data:`CPU_FEATURES`)."""
-
-
-CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
-"""Where present, vectors and native bfloat16 make the CPU engine's step, and so the landscape,
-differ between machines of one kind."""
 
 
 def _version(dist: str) -> str | None:

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     import optuna
     from plotly.graph_objects import Figure
 
+    from spectune.measurement import Measurement
     from spectune.results import Choice, StudyView, TrialRow
-    from spectune.trial import Measurement
 
 __all__ = [
     "FIGURE_IDS",

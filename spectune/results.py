@@ -12,33 +12,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
-from spectune.storage import (
-    MeasurementStore,
-    open_optuna_storage,
-    resolve_storage_url,
-    spec_key,
-)
+from spectune.measurement import NOISE_FLOOR, spec_key, speedup
+from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
 
 if TYPE_CHECKING:
     import optuna
 
-    from spectune.predict import Prediction, StudyInputs, TrainingTrial
-    from spectune.trial import Measurement
+    from spectune.measurement import Measurement
 
-__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note", "measured_trials",
+__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
            "open_study", "speedup"]
-
-NOISE_FLOOR = 0.02
-"""Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
-
-
-def speedup(maximize: bool, value: float, baseline: float) -> float:
-    """How many times better than the baseline (> 1 is better, for either direction); nan when
-    the ratio is undefined."""
-    if maximize:
-        return value / baseline if baseline > 0 else math.nan
-    return baseline / value if value > 0 else math.nan
-
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -300,67 +283,6 @@ class StudyView:
             speculative = [c for c in speculative if len(c.values) > 1] or speculative
         return base, ([base] if base is not None and base.feasible else []) + speculative, confirming
 
-    def prediction_inputs(self, *, confirmations: bool = True) -> StudyInputs:
-        """The unmeasured candidates of the study's space, its baseline (its mean over the engines
-        that measured it, :func:`spectune.predict.mean_over_engines`: predictions move from the figures the choice
-        compares with) and its measured trials.
-
-        The space is the one stored with the study (``spectune_config``); a candidate counts as
-        measured when a trial completed it or its engine failed on it (a trial interrupted, or
-        abandoned by a dead worker, does not count). ``confirmations=False``: the measured
-        trials without ``confirm``'s (:meth:`measured_rows`), as guided search plans on them.
-
-        Raises:
-            ConfigError: the study was not made by spectune, has no completed baseline, or its
-                space cannot be loaded.
-            StorageError: the storage cannot be read.
-        """
-        from spectune._util import validate
-        from spectune.predict import (
-            LearnedAcceptance,
-            StudyInputs,
-            TrainingTrial,
-            mean_over_engines,
-        )
-        from spectune.space import SearchSpace, load_space
-        from spectune.workloads import WorkloadFeatures
-
-        cfg = self.study.user_attrs.get("spectune_config")
-        if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
-            raise ConfigError(f"study {self.name} carries no spectune configuration to read its space from")
-        definition = self.store.definition(self.name)  # a worker elsewhere may not have the space's file
-        space = (validate(SearchSpace, definition["space"], f"study {self.name}") if definition is not None
-                 else load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft")))
-        done = {r.config_key for r in self.rows
-                if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
-        base_row = self.baseline()
-        if base_row is None:
-            raise ConfigError(f"study {self.name} has no completed baseline trial to predict from")
-        first = self.store.measurement(base_row.trial_id)
-        if first is None:
-            raise ConfigError(f"study {self.name}: the baseline trial {base_row.number} has no stored measurement")
-        again = [m for r in self.measured_rows(confirmations=confirmations)
-                 if r.is_baseline and r.number != base_row.number and (m := self.store.measurement(r.trial_id))]
-        baseline = mean_over_engines([first, *again])
-        measured = self.speculative_measurements(confirmations=confirmations)
-        candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
-        raw = self.study.user_attrs.get("workload_features")
-        features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
-        others = measured_trials(self.url, skip_study=self.name)  # this study's are loaded above
-        learned = LearnedAcceptance.fit(others + [TrainingTrial(m, features) for m in measured])
-        return StudyInputs(candidates, baseline, measured, self.objectives[0], self.maximize,
-                           features, learned)
-
-    def predict(self) -> list[Prediction]:
-        """Predict every candidate of the study's space not measured yet, best first by its first
-        objective (:func:`spectune.predict.predict_candidates`).
-
-        Raises:
-            ConfigError: as :meth:`prediction_inputs`.
-            StorageError: the storage cannot be read.
-        """
-        return self.prediction_inputs().predict()
-
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
@@ -408,34 +330,3 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
         raise ConfigError(f"no study named {study_name!r} in {url} (studies: {known})")
     study = optuna.load_study(study_name=study_name, storage=rdb)
     return StudyView(study, store, url)
-
-
-def measured_trials(url: str, *, skip_study: str | None = None) -> list[TrainingTrial]:
-    """Every measured speculative trial of every study in the storage at ``url`` (but
-    ``skip_study``), with its study's workload features: the training data of
-    :class:`spectune.predict.LearnedAcceptance`.
-
-    Raises:
-        StorageError: the storage cannot be read.
-    """
-    import optuna
-
-    from spectune.predict import TrainingTrial
-    from spectune.workloads import WorkloadFeatures
-
-    rdb = open_optuna_storage(url)
-    store = MeasurementStore(url)
-    out: list[TrainingTrial] = []
-    for summary in optuna.get_all_study_summaries(rdb, include_best_trial=False):
-        if summary.study_name == skip_study:
-            continue
-        raw = summary.user_attrs.get("workload_features")
-        try:
-            features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
-        except ValueError:
-            features = {}
-        for t in store.trials(summary.study_name):
-            m = t.measurement()
-            if m is not None and not m.spec.is_baseline:
-                out.append(TrainingTrial(m, features))
-    return out

@@ -31,7 +31,7 @@ from spectune.errors import StorageError
 if TYPE_CHECKING:
     import optuna
 
-    from spectune.trial import Measurement
+    from spectune.measurement import Measurement
 
 __all__ = [
     "DEFAULT_STORAGE",
@@ -39,7 +39,6 @@ __all__ = [
     "StoredTrial",
     "open_optuna_storage",
     "resolve_storage_url",
-    "spec_key",
     "study_lock",
     "worker_claim",
 ]
@@ -296,7 +295,7 @@ class StoredTrial:
     measurement_json: str | None
 
     def measurement(self) -> Measurement | None:
-        from spectune.trial import Measurement
+        from spectune.measurement import Measurement
 
         if self.measurement_json is None:
             return None
@@ -395,11 +394,6 @@ class MeasurementStore:
             raise StorageError(_describe(self.url, e)) from e
         if value is None:
             return None
-        from spectune.trial import Measurement
+        from spectune.measurement import Measurement
 
         return Measurement.model_validate_json(value)
-
-
-def spec_key(spec_json: dict[str, Any] | None) -> str:
-    """Canonical text of a candidate, to recognise the same configuration measured before."""
-    return json.dumps(spec_json or {"method": "none"}, sort_keys=True, separators=(",", ":"))

@@ -22,92 +22,38 @@ from __future__ import annotations
 import json
 import logging
 import re
-import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
 from spectune._util import StrictModel, load_yaml_file, validate
-from spectune.config import EngineArgs, Method
+from spectune.config import EngineArgs, Method, Prompt, WorkloadSpec
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT
-from spectune.errors import ConfigError, EngineError
+from spectune.errors import ConfigError
+from spectune.measurement import SLO, Objective
 from spectune.storage import (
     MeasurementStore,
     open_optuna_storage,
     resolve_storage_url,
     study_lock,
-    worker_claim,
 )
-from spectune.workloads import Prompt, WorkloadFeatures, WorkloadSpec, compute_features
+from spectune.workloads import WorkloadFeatures, compute_features
 
 if TYPE_CHECKING:
     import optuna
 
+    from spectune.measurement import Measurement
     from spectune.space import SearchSpace
-    from spectune.trial import Measurement, TrialHook
 
-__all__ = ["SLO", "Objective", "StudyConfig", "StudyContext", "StudyEvent", "create_study", "join_study",
-           "load_study_config", "run_study"]
+__all__ = ["StudyConfig", "StudyContext", "StudyEvent", "StudyResult", "create_study", "join_study",
+           "load_study_config", "study_names"]
 
 _logger = logging.getLogger(__name__)
 
-
-
-class Objective(str, Enum):
-    """What a study optimises. Throughput is maximised, latencies minimised."""
-
-    OUTPUT_THROUGHPUT = "output_throughput"
-    TPOT_MEDIAN = "tpot_median_ms"
-    TPOT_P99 = "tpot_p99_ms"
-    TTFT_P99 = "ttft_p99_ms"
-    E2EL_MEDIAN = "e2el_median_ms"
-    E2EL_P99 = "e2el_p99_ms"
-
-    @property
-    def maximize(self) -> bool:
-        return self is Objective.OUTPUT_THROUGHPUT
-
-    @property
-    def direction(self) -> str:
-        return "maximize" if self.maximize else "minimize"
-
-    def window_values(self, m: Measurement) -> list[float]:
-        """This objective in each repeat of the window (for its noise)."""
-        return [v for w in m.windows if (v := getattr(w, self.value)) is not None]
-
-    def of(self, m: Measurement) -> float:
-        """The measured value: the median over the windows."""
-        values = self.window_values(m)
-        if not values:
-            raise EngineError(f"no request produced a value for {self.value}")
-        return float(statistics.median(values))
-
-
-class SLO(StrictModel):
-    """Service-level limits. A trial that breaks any of them is infeasible."""
-
-    ttft_p99_ms: float | None = Field(default=None, gt=0)
-    tpot_median_ms: float | None = Field(default=None, gt=0)
-    tpot_p99_ms: float | None = Field(default=None, gt=0)
-    e2el_p99_ms: float | None = Field(default=None, gt=0)
-    min_output_throughput: float | None = Field(default=None, gt=0)
-
-    def violations(self, m: Measurement) -> dict[str, float]:
-        """Optuna constraint values by SLO name: <= 0 is satisfied, > 0 by how much it is broken."""
-        out: dict[str, float] = {}
-        for name, limit in self:
-            if limit is None:
-                continue
-            if name == "min_output_throughput":
-                out[name] = limit - m.output_throughput
-            else:
-                out[name] = Objective(name).of(m) - limit
-        return out
 
 
 class StudyConfig(StrictModel):
@@ -248,16 +194,6 @@ def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(seed=config.seed, n_startup_trials=4, multivariate=True, group=True)
 
 
-def relative_noise(objective: Objective, m: Measurement) -> float | None:
-    """Median absolute deviation over the windows, relative to the median (None for 1 window)."""
-    values = objective.window_values(m)
-    if len(values) < 2:
-        return None
-    med = statistics.median(values)
-    mad = statistics.median(abs(v - med) for v in values)
-    return mad / med if med else None
-
-
 @dataclass
 class StudyContext:
     """A study opened for measuring: its configuration as stored, the storage, the resolved
@@ -347,8 +283,8 @@ def join_study(storage: str | None, study_name: str) -> StudyContext:
         ConfigError: no such study, or one that no spectune created to join.
         StorageError: the storage cannot be used.
     """
+    from spectune.config import Prompt
     from spectune.space import SearchSpace
-    from spectune.workloads import Prompt
 
     url = resolve_storage_url(storage)
     names = study_names(url)
@@ -370,33 +306,6 @@ def study_names(url: str) -> list[str]:
     import optuna
 
     return [s.study_name for s in optuna.get_all_study_summaries(open_optuna_storage(url), include_best_trial=False)]
-
-
-def run_study(
-    config: StudyConfig,
-    *,
-    progress: StudyHook | None = None,
-    trial_progress: Callable[[str], TrialHook | None] | None = None,
-    measure_fn: Callable[..., Measurement] | None = None,
-    gpus: str | None = None,
-) -> StudyResult:
-    """Create (or resume) the study ``config`` describes and work on it in this process until it
-    needs no more trials (:func:`create_study`, then :func:`spectune.worker.run_worker`). Other
-    workers may join it meanwhile (``spectune worker``); ``config.trials`` counts for the study.
-
-    ``measure_fn`` replaces :func:`spectune.trial.measure` (same arguments): a recorded
-    landscape answers with :meth:`spectune.landscape.Landscape.measurer`, to compare search
-    strategies without engines. ``gpus``: one engine per GPU group at once (``"0,1"``, ``"0-1,2-3"``).
-
-    Raises ConfigError / StorageError for bad input before anything is written, and lets
-    KeyboardInterrupt through after the running engines have been stopped.
-    """
-    from spectune.worker import parse_gpus, run_worker
-
-    slots = parse_gpus(gpus)  # bad input first
-    with worker_claim(resolve_storage_url(config.storage)):  # a second process on SQLite writes nothing
-        return run_worker(create_study(config), slots=slots, progress=progress, trial_progress=trial_progress,
-                          measure_fn=measure_fn)
 
 
 def optuna_experimental_warning() -> type[Warning]:

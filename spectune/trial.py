@@ -13,184 +13,68 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
-from spectune.config import EngineArgs, SpecConfig
+from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.counters import fetch_counters
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer
-from spectune.errors import ConfigError, EngineCrashedError, EngineError, EngineTimeoutError
+from spectune.errors import (
+    ConfigError,
+    EngineCrashedError,
+    EngineError,
+    EngineTimeoutError,
+)
 from spectune.load import LoadResult, RequestRecord, run_load
-from spectune.provenance import Hardware, Versions, hardware, versions
-from spectune.workloads import Prompt, WorkloadSpec
+from spectune.measurement import (
+    AcceptanceStats,
+    LatencyStats,
+    LevelStats,
+    Measurement,
+    RequestSample,
+    WindowStats,
+)
+from spectune.provenance import hardware, versions
 
-__all__ = ["AcceptanceStats", "LatencyStats", "LevelStats", "Measurement", "RequestSample", "measure", "plan_windows"]
+__all__ = ["TrialHook", "measure", "plan_windows", "split_windows", "warmup_prompts"]
 
 _logger = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
 
 TrialHook = Callable[[str, int, int], None]
 """Progress: called with (phase, done, total); phases are "start", "warmup", "measure"."""
 
 
-class LatencyStats(BaseModel):
-    """Distribution of one latency over the window's successful requests, in milliseconds."""
-
-    count: int
-    mean: float | None
-    median: float | None
-    p90: float | None
-    p99: float | None
-
-    @classmethod
-    def of(cls, seconds: Sequence[float]) -> LatencyStats:
-        if not seconds:
-            return cls(count=0, mean=None, median=None, p90=None, p99=None)
-        ms = sorted(x * 1000.0 for x in seconds)
-
-        def q(p: float) -> float:
-            if len(ms) == 1:
-                return ms[0]
-            return statistics.quantiles(ms, n=100, method="inclusive")[int(p) - 1]
-
-        return cls(count=len(ms), mean=statistics.fmean(ms), median=statistics.median(ms), p90=q(90), p99=q(99))
-
-
-class AcceptanceStats(BaseModel):
-    """Speculative acceptance over the measured window, from the engine's own counters."""
-
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    acceptance_rate: float
-    mean_acceptance_length: float
-    per_position: list[float] = Field(description="P(first i+1 drafted tokens all accepted), i = 0..k-1")
-
-
-class WindowStats(BaseModel):
-    """Headline figures of one measured window (a trial measures ``repeats`` disjoint windows)."""
-
-    duration_seconds: float
-    output_throughput: float
-    tpot_median_ms: float | None
-    tpot_p99_ms: float | None
-    ttft_median_ms: float | None
-    ttft_p99_ms: float | None
-    e2el_median_ms: float | None
-    e2el_p99_ms: float | None
-
-    @classmethod
-    def of(cls, result: LoadResult) -> WindowStats:
-        ok = result.succeeded
-        d = result.duration
-        tpot = LatencyStats.of([t for r in ok if (t := r.tpot) is not None])
-        ttft = LatencyStats.of([r.ttft for r in ok if r.ttft is not None])
-        e2el = LatencyStats.of([r.e2el for r in ok if r.e2el is not None])
-        return cls(
-            duration_seconds=d,
-            output_throughput=sum(r.output_tokens or 0 for r in ok) / d if d > 0 else 0.0,
-            tpot_median_ms=tpot.median, tpot_p99_ms=tpot.p99, ttft_median_ms=ttft.median,
-            ttft_p99_ms=ttft.p99, e2el_median_ms=e2el.median, e2el_p99_ms=e2el.p99,
-        )
-
-
-class LevelStats(BaseModel):
-    """One concurrency level of a sweep (``workload.concurrency_levels``), on the trial's engine:
-    its own prompts (disjoint from every other level's), its own counters."""
-
-    concurrency: int
-    num_requests: int
-    num_failed: int
-    duration_seconds: float
-    output_throughput: float
-    tpot_median_ms: float | None
-    ttft_median_ms: float | None
-    acceptance: AcceptanceStats | None
-
-    @classmethod
-    def of(cls, concurrency: int, result: LoadResult, acceptance: AcceptanceStats | None) -> LevelStats:
-        w = WindowStats.of(result)
-        n = len(result.records)
-        return cls(concurrency=concurrency, num_requests=n, num_failed=n - len(result.succeeded),
-                   duration_seconds=w.duration_seconds, output_throughput=w.output_throughput,
-                   tpot_median_ms=w.tpot_median_ms, ttft_median_ms=w.ttft_median_ms, acceptance=acceptance)
-
-
-class RequestSample(BaseModel):
-    """One request of the window, as the client saw it."""
-
-    prompt_id: str
-    ok: bool
-    error: str | None = None
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    text: str = ""
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
-
-    @classmethod
-    def of(cls, r: RequestRecord) -> RequestSample:
-        def ms(x: float | None) -> float | None:
-            return None if x is None else x * 1000.0
-
-        return cls(
-            prompt_id=r.prompt_id, ok=r.ok, error=r.error, ttft_ms=ms(r.ttft), tpot_ms=ms(r.tpot),
-            e2el_ms=ms(r.e2el), prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
-            text=r.text, token_ids=r.token_ids, prompt_token_ids=r.prompt_token_ids,
-        )
-
-
-class Measurement(BaseModel):
-    """Everything one trial measured, and what produced it. Serialisable to JSON."""
-
-    schema_version: int = SCHEMA_VERSION
-    spec: SpecConfig
-    engine: EngineArgs = Field(description="Engine arguments as resolved for this platform.")
-    workload: WorkloadSpec
-    concurrency: int
-    command: list[str]
-    log_path: str | None
-    started_at: dt.datetime
-    startup_seconds: float
-    duration_seconds: float
-    num_requests: int
-    num_failed: int
-    input_tokens: int
-    output_tokens: int
-    output_throughput: float = Field(description="Output tokens per second over the window.")
-    request_throughput: float
-    total_token_throughput: float
-    ttft_ms: LatencyStats
-    tpot_ms: LatencyStats
-    itl_ms: LatencyStats
-    e2el_ms: LatencyStats
-    acceptance: AcceptanceStats | None
-    peak_memory_bytes: int | None
-    versions: Versions
-    hardware: Hardware
-    windows: list[WindowStats] = Field(description="One entry per repeat of the window.")
-    requests: list[RequestSample] = Field(description="Requests of every window, in order.")
-    levels: list[LevelStats] = Field(
-        default_factory=list,
-        description="A sweep's concurrency levels, the headline one (``concurrency``) included; "
-        "empty without ``concurrency_levels``. Requests of the other levels are not in ``requests``.",
+def window_stats(result: LoadResult) -> WindowStats:
+    """Headline figures of one window's requests, from the client's timestamps and usage."""
+    ok = result.succeeded
+    d = result.duration
+    tpot = LatencyStats.of([t for r in ok if (t := r.tpot) is not None])
+    ttft = LatencyStats.of([r.ttft for r in ok if r.ttft is not None])
+    e2el = LatencyStats.of([r.e2el for r in ok if r.e2el is not None])
+    return WindowStats(
+        duration_seconds=d,
+        output_throughput=sum(r.output_tokens or 0 for r in ok) / d if d > 0 else 0.0,
+        tpot_median_ms=tpot.median, tpot_p99_ms=tpot.p99, ttft_median_ms=ttft.median,
+        ttft_p99_ms=ttft.p99, e2el_median_ms=e2el.median, e2el_p99_ms=e2el.p99,
     )
 
-    def at_concurrency(self, concurrency: int) -> LevelStats | None:
-        """The measured level ``concurrency`` of a sweep, or the headline one; None if not measured."""
-        for level in self.levels:
-            if level.concurrency == concurrency:
-                return level
-        if concurrency == self.concurrency:
-            return LevelStats(
-                concurrency=concurrency, num_requests=self.num_requests, num_failed=self.num_failed,
-                duration_seconds=self.duration_seconds, output_throughput=self.output_throughput,
-                tpot_median_ms=self.tpot_ms.median, ttft_median_ms=self.ttft_ms.median, acceptance=self.acceptance,
-            )
-        return None
+
+def level_stats(concurrency: int, result: LoadResult, acceptance: AcceptanceStats | None) -> LevelStats:
+    """One level of a sweep: its window's figures and its own counters."""
+    w = window_stats(result)
+    n = len(result.records)
+    return LevelStats(concurrency=concurrency, num_requests=n, num_failed=n - len(result.succeeded),
+                      duration_seconds=w.duration_seconds, output_throughput=w.output_throughput,
+                      tpot_median_ms=w.tpot_median_ms, ttft_median_ms=w.ttft_median_ms, acceptance=acceptance)
+
+
+def request_sample(r: RequestRecord) -> RequestSample:
+    """One request as the client saw it, in milliseconds."""
+    def ms(x: float | None) -> float | None:
+        return None if x is None else x * 1000.0
+
+    return RequestSample(
+        prompt_id=r.prompt_id, ok=r.ok, error=r.error, ttft_ms=ms(r.ttft), tpot_ms=ms(r.tpot),
+        e2el_ms=ms(r.e2el), prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens,
+        text=r.text, token_ids=r.token_ids, prompt_token_ids=r.prompt_token_ids,
+    )
 
 
 def _log_name(spec: SpecConfig) -> str:
@@ -212,7 +96,7 @@ def summarize(
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
     d = sum(res.duration for res in results)
-    windows = [WindowStats.of(res) for res in results]
+    windows = [window_stats(res) for res in results]
     return Measurement(
         spec=spec, engine=engine, workload=workload, concurrency=results[0].concurrency,
         command=command, log_path=log_path, started_at=started_at, startup_seconds=startup_seconds,
@@ -227,7 +111,7 @@ def summarize(
         e2el_ms=LatencyStats.of([r.e2el for r in ok if r.e2el is not None]),
         acceptance=acceptance, peak_memory_bytes=peak_memory_bytes,
         versions=versions(), hardware=hardware(engine.env.get("CUDA_VISIBLE_DEVICES")), windows=windows,
-        requests=[RequestSample.of(r) for r in records],
+        requests=[request_sample(r) for r in records],
     )
 
 
@@ -303,7 +187,7 @@ def measure(
                                progress=lambda d, t, done=done: hook("measure", done + d, total),
                                timeout=window_timeout)
                 acc = (fetch_counters(server.base_url) - level_before).acceptance()
-                levels.append(LevelStats.of(level, res, AcceptanceStats(**vars(acc)) if acc else None))
+                levels.append(level_stats(level, res, AcceptanceStats(**vars(acc)) if acc else None))
                 done += len(level_prompts)
         except TimeoutError as e:
             raise EngineTimeoutError(

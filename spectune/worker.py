@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spectune.errors import ConfigError, EngineError
+from spectune.measurement import spec_key
 from spectune.objective import TrialFunction, progress_of, trial_id
 from spectune.search import (
     INTERRUPTED,
@@ -38,16 +39,24 @@ from spectune.search import (
     counts_as_finished,
     engine_failed,
 )
-from spectune.storage import spec_key, study_lock, worker_claim
+from spectune.storage import resolve_storage_url, study_lock, worker_claim
+from spectune.study import (
+    StudyConfig,
+    StudyContext,
+    StudyEvent,
+    StudyHook,
+    StudyResult,
+    create_study,
+)
 
 if TYPE_CHECKING:
     import optuna
 
     from spectune.config import EngineArgs, SpecConfig
-    from spectune.study import StudyContext, StudyHook, StudyResult
-    from spectune.trial import Measurement, TrialHook
+    from spectune.measurement import Measurement
+    from spectune.trial import TrialHook
 
-__all__ = ["Slot", "parse_gpus", "run_worker"]
+__all__ = ["Slot", "parse_gpus", "run_study", "run_worker"]
 
 _logger = logging.getLogger(__name__)
 
@@ -326,7 +335,6 @@ def run_worker(
     Lets KeyboardInterrupt through once every engine has stopped and its trial is marked
     ``interrupted``.
     """
-    from spectune.study import StudyEvent, StudyResult
     from spectune.trial import measure as measure_engine
 
     slots = slots or [Slot()]
@@ -342,10 +350,33 @@ def run_worker(
                             prompts=ctx.prompts, measure=measure_fn or measure_engine, hook=hook,
                             trial_progress=trial_progress)
         _Worker(ctx, strategy, run, slots, poll_seconds).run_slots()
-        strategy.finish(ctx.study)
     study = ctx.study
     complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     return StudyResult(study_name=study.study_name, storage=ctx.url, **run.counts,
                        best=[t.number for t in study.best_trials] if complete else [],
                        finished=sum(1 for t in study.get_trials(deepcopy=False) if counts_as_finished(t)))
 
+
+def run_study(
+    config: StudyConfig,
+    *,
+    progress: StudyHook | None = None,
+    trial_progress: Callable[[str], TrialHook | None] | None = None,
+    measure_fn: Callable[..., Measurement] | None = None,
+    gpus: str | None = None,
+) -> StudyResult:
+    """Create (or resume) the study ``config`` describes and work on it in this process until it
+    needs no more trials (:func:`spectune.study.create_study`, then :func:`run_worker`). Other
+    workers may join it meanwhile (``spectune worker``); ``config.trials`` counts for the study.
+
+    ``measure_fn`` replaces :func:`spectune.trial.measure` (same arguments): a recorded
+    landscape answers with :meth:`spectune.landscape.Landscape.measurer`, to compare search
+    strategies without engines. ``gpus``: one engine per GPU group at once (``"0,1"``, ``"0-1,2-3"``).
+
+    Raises ConfigError / StorageError for bad input before anything is written, and lets
+    KeyboardInterrupt through after the running engines have been stopped.
+    """
+    slots = parse_gpus(gpus)  # bad input first
+    with worker_claim(resolve_storage_url(config.storage)):  # a second process on SQLite writes nothing
+        return run_worker(create_study(config), slots=slots, progress=progress, trial_progress=trial_progress,
+                          measure_fn=measure_fn)

@@ -246,7 +246,7 @@ def study_config(tmp: Path, target: Path, prompts: Path, space: str, name: str, 
 @pytest.fixture(scope="session")
 def grid_study(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> GridStudy:
     """Run once a session; tests that change a study work on a copy of its database."""
-    from spectune.study import run_study
+    from spectune.worker import run_study
 
     tmp = tmp_path_factory.mktemp("grid-study")
     cfg = study_config(tmp, tiny_models.target, repetitive_prompts, GRID_SPACE, "grid", trials=5)
@@ -259,7 +259,7 @@ def grid_study(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.T
 def swept_study(tiny_models, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """A real study of the baseline and n-gram k=3 (float32, temperature 0), each engine measuring
     concurrency 1 and 4: the sweep tests, and the replay tests on its headline windows."""
-    from spectune.study import run_study
+    from spectune.worker import run_study
 
     tmp = tmp_path_factory.mktemp("sweep")
     prompts = tmp / "prompts.jsonl"

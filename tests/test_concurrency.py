@@ -10,15 +10,15 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import REPO
-from spectune.config import Method
+
+from spectune.config import Method, Prompt, WorkloadSpec
 from spectune.errors import ConfigError
 from spectune.landscape import Landscape
+from spectune.measurement import LatencyStats, LevelStats, Measurement
 from spectune.predict import Estimate, Prediction, fit_concurrency, fit_step_time
 from spectune.predict._measured import measured_profile
-from spectune.trial import LatencyStats, LevelStats, Measurement, plan_windows
-from spectune.workloads import Prompt, WorkloadSpec
+from spectune.trial import plan_windows
 
 A, SLOPE = 2.0, 0.5  # ms: the law t0(b) = A + SLOPE b the synthetic sweeps follow
 RHO = 10 ** -0.25  # a proposer's own work relative to verification (a point of the fitted grid)
@@ -151,6 +151,7 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
 
     from spectune.cli import app
     from spectune.results import open_study
+    from spectune.search import study_inputs
 
     cfg, tmp = swept_study
     view = open_study(cfg.storage, "sweep")
@@ -170,7 +171,7 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
     # widen the study's space (the file it was run with): n-gram k=2 and k=4 are left to predict
     (tmp / "space.yaml").write_text("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [2, 3, 4]\n"
                                     "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
-    inputs = view.prediction_inputs()
+    inputs = study_inputs(view)
     model = inputs.concurrency_model()
     assert model is not None and model.step.levels == (1, 4)
     assert model.t0(4) == base.levels[1].tpot_median_ms
@@ -205,7 +206,9 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
     assert "ngram k=3 lookup=1..3" in levels_part and "measured" in levels_part  # the measured one, moved
 
     # the batch schedule of the n-gram trial rests on the sweep, and vLLM takes it
-    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+    from vllm.v1.spec_decode.dynamic.utils import (
+        validate_and_normalize_dynamic_sd_schedule,
+    )
 
     from spectune.export import batch_schedule
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from spectune import drafts
+from spectune.config import WorkloadSpec
 from spectune.drafts import (
     DRAFT_MARKER,
     build_smollm2_draft,
@@ -23,7 +24,7 @@ from spectune.drafts import (
     train_draft,
 )
 from spectune.errors import ConfigError, SpectuneError
-from spectune.workloads import WorkloadSpec, load_prompts, select
+from spectune.workloads import load_prompts, select
 
 SMALL = {"steps": 4, "num_prompts": 3}
 

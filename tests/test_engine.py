@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import EngineTrace, assert_engine_gone, recording_server, tiny_engine_args
-from spectune.config import Method, SpecConfig
+
+from spectune.config import Method, SpecConfig, WorkloadSpec
 from spectune.load import arrival_offsets
-from spectune.trial import Measurement, measure
-from spectune.workloads import WorkloadSpec, load_prompts
+from spectune.measurement import Measurement
+from spectune.trial import measure
+from spectune.workloads import load_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -122,7 +123,6 @@ def test_no_engine_process_or_port_left_behind(runs: dict[str, Measurement], tra
         assert_engine_gone(trace)
     # the CLI's engine: its port is free and no process still serves it
     import psutil
-
     from conftest import port_is_free
 
     cmd = runs["baseline"].command

@@ -20,7 +20,6 @@ import optuna
 import psutil
 import pytest
 import yaml
-
 from conftest import (
     REPO,
     EngineTrace,
@@ -31,12 +30,13 @@ from conftest import (
     study_config,
     tiny_engine_args,
 )
+
 from spectune._util import atomic_write_text
-from spectune.config import Method, SpecConfig
+from spectune.config import Method, SpecConfig, WorkloadSpec
 from spectune.engines import Platform, VLLMServer
 from spectune.errors import EngineCrashedError, EngineError, EngineTimeoutError
 from spectune.trial import measure
-from spectune.workloads import WorkloadSpec, load_prompts
+from spectune.workloads import load_prompts
 
 HERE = Path(__file__).resolve().parent
 FAKE = Platform(name="fake", serve_command=(sys.executable, str(HERE / "fake_engine.py"), "--model"))
@@ -76,7 +76,7 @@ def test_engine_start_faults_fail_their_trial_and_the_study_goes_on(tiny_models,
                                                                      tmp_path: Path) -> None:
     """A bad model path, a port already taken, a KV cache too small and one larger than the
     machine's memory: each trial is FAIL with the engine's reason; the next trial runs."""
-    from spectune.study import run_study
+    from spectune.worker import run_study
 
     space = ("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [1, 2, 3, 4]\n"
              "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
@@ -311,7 +311,7 @@ def test_a_failed_export_leaves_the_earlier_export_intact(tiny_models, tmp_path:
     from spectune.export import export_best
     from spectune.landscape import Landscape
     from spectune.results import open_study
-    from spectune.study import run_study
+    from spectune.worker import run_study
 
     landscape = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny_one_start.json").rebase(
         str(tiny_models.target), str(tiny_models.draft))

@@ -23,16 +23,16 @@ import optuna
 import psutil
 import pytest
 import yaml
-
 from conftest import REPO, group_is_gone, study_config
+
 from spectune.engines import Platform, VLLMServer
 from spectune.errors import ConfigError, StorageError
 from spectune.landscape import Landscape
 from spectune.search import counts_as_finished
 from spectune.storage import MeasurementStore, worker_claim
-from spectune.study import create_study, join_study, run_study
+from spectune.study import create_study, join_study
 from spectune.trial import measure
-from spectune.worker import Slot, parse_gpus, run_worker
+from spectune.worker import Slot, parse_gpus, run_study, run_worker
 
 HERE = Path(__file__).resolve().parent
 FAKE_SERVE = f"{sys.executable} {HERE / 'fake_engine.py'} --model"

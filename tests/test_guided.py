@@ -17,9 +17,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from spectune.config import Method, SpecConfig
 from spectune._progress import render_study
+from spectune.config import Method, SpecConfig
 from spectune.landscape import Landscape
+from spectune.measurement import Measurement
 from spectune.predict import (
     DRAFT_REPLAY_SPREAD,
     AcceptanceProfile,
@@ -35,9 +36,8 @@ from spectune.predict import (
 )
 from spectune.predict._measured import measured_profile
 from spectune.results import open_study
-from spectune.search import RECHECK_BEST, RECHECK_SURPRISE
-from spectune.study import run_study
-from spectune.trial import Measurement
+from spectune.search import RECHECK_BEST, RECHECK_SURPRISE, study_inputs
+from spectune.worker import run_study
 
 REPO = Path(__file__).resolve().parent.parent
 LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny_one_start.json"
@@ -521,9 +521,9 @@ def test_progress_and_show_rate_configurations_as_export_does_once_confirmed(lan
         assert r.speedup == pytest.approx(r.values[0] / base)
     assert next(r for r in view.rows if r.label == top).speedup == pytest.approx(values[top] / base)
     # predictions move from the baseline's mean too (the search planned on its first engine alone)
-    inputs = view.prediction_inputs()
+    inputs = study_inputs(view)
     assert inputs.baseline.output_throughput == pytest.approx(base)
-    assert view.prediction_inputs(confirmations=False).baseline.output_throughput == pytest.approx(values["none"])
+    assert study_inputs(view, confirmations=False).baseline.output_throughput == pytest.approx(values["none"])
     # the dashboard's attribute keeps the baseline known when the trial ran
     first = next(t for t in view.study.trials if t.user_attrs["config"] == top)
     assert first.user_attrs["speedup"] == pytest.approx(values[top] / values["none"], rel=1e-3)
@@ -640,7 +640,9 @@ def test_a_grid_shorter_than_its_space_confirms_its_own_best(landscape: Landscap
 
 
 def test_export_adds_a_batch_schedule_vllm_accepts(landscape: Landscape, tmp_path: Path) -> None:
-    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+    from vllm.v1.spec_decode.dynamic.utils import (
+        validate_and_normalize_dynamic_sd_schedule,
+    )
 
     from spectune.export import export_best
 

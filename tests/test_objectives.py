@@ -18,9 +18,11 @@ import yaml
 
 from spectune.export import export_best
 from spectune.landscape import Landscape, LandscapePoint
+from spectune.measurement import Objective
 from spectune.results import open_study
 from spectune.storage import DEFAULT_STORAGE, resolve_storage_url
-from spectune.study import Objective, StudyConfig, run_study
+from spectune.study import StudyConfig
+from spectune.worker import run_study
 
 REPO = Path(__file__).resolve().parent.parent
 LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny_one_start.json"

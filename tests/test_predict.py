@@ -10,8 +10,18 @@ from pathlib import Path
 import pytest
 from conftest import tiny_engine_args
 
-from spectune.config import EngineArgs, Method, SpecConfig
+from spectune.config import EngineArgs, Method, SpecConfig, WorkloadSpec
 from spectune.counters import SpecCounters
+from spectune.measurement import (
+    AcceptanceStats,
+    Hardware,
+    LatencyStats,
+    LevelStats,
+    Measurement,
+    RequestSample,
+    Versions,
+    WindowStats,
+)
 from spectune.predict import (
     AcceptanceProfile,
     CostPoint,
@@ -29,9 +39,7 @@ from spectune.predict import (
     suffix_available,
 )
 from spectune.predict._cost import at_typical_speed, engine_gauge_ms, gauge_weight
-from spectune.provenance import Hardware, Versions
-from spectune.trial import AcceptanceStats, LatencyStats, LevelStats, Measurement, RequestSample, WindowStats
-from spectune.workloads import WorkloadSpec
+from spectune.search import predict_study
 
 # -- truncation and Leviathan's formulas ----------------------------------------------------------
 
@@ -436,7 +444,8 @@ def _store_study(url: str, name: str, space: Path, measurements: list[Measuremen
     """A study as run_study leaves it: its config, trials with spec attributes, measurements."""
     import optuna
 
-    from spectune.storage import MeasurementStore, open_optuna_storage, spec_key
+    from spectune.measurement import spec_key
+    from spectune.storage import MeasurementStore, open_optuna_storage
 
     s = optuna.create_study(study_name=name, storage=open_optuna_storage(url),
                             directions=["maximize" if objective == "output_throughput" else "minimize"])
@@ -460,12 +469,13 @@ def test_predict_study_ranks_the_unmeasured_candidates_of_the_stored_space(tmp_p
     from spectune.cli import app
     from spectune.results import open_study
 
+
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     url = f"sqlite:///{tmp_path / 'p.db'}"
     baseline, measured = _synthetic_study()
     _store_study(url, "synthetic", space, [baseline, *measured], draft="good-draft")
-    preds = open_study(url, "synthetic").predict()
+    preds = predict_study(open_study(url, "synthetic"))
     labels = [p.label for p in preds]
     # measured: none, draft_model k=4 and ngram k=4; the other four are predicted
     assert sorted(labels) == sorted(["ngram k=1 lookup=1..3", "ngram k=2 lookup=1..3", "ngram k=3 lookup=1..3",
@@ -491,7 +501,7 @@ def test_predict_study_needs_a_baseline(tmp_path: Path) -> None:
     _, measured = _synthetic_study()
     _store_study(url, "no-base", space, measured, draft="good-draft")
     with pytest.raises(ConfigError, match="no completed baseline"):
-        open_study(url, "no-base").predict()
+        predict_study(open_study(url, "no-base"))
 
 
 # -- replay against real engines ------------------------------------------------------------------------
@@ -553,7 +563,7 @@ def test_predict_study_replays_ngram_over_the_real_baseline(runs: dict[str, Meas
     space.write_text(SPACE)
     url = f"sqlite:///{tmp_path / 'real.db'}"
     _store_study(url, "real", space, [runs["baseline"], runs["ngram"]], draft=None)
-    preds = open_study(url, "real").predict()
+    preds = predict_study(open_study(url, "real"))
     by = {p.label: p for p in preds}
     assert sorted(by) == ["ngram k=1 lookup=1..3", "ngram k=2 lookup=1..3", "ngram k=4 lookup=1..3"]
     assert {p.source for p in preds} == {"replay"}

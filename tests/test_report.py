@@ -20,8 +20,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-
 from conftest import REPO, group_is_gone, port_is_free
+
 from spectune.report import (
     FIGURE_IDS,
     NOTE_MARK,

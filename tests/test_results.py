@@ -7,13 +7,12 @@ import datetime as dt
 import optuna
 import pytest
 
-from spectune.config import EngineArgs, SpecConfig
+from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
 from spectune.load import LoadResult, RequestRecord
+from spectune.measurement import SLO, Objective
 from spectune.results import StudyView
 from spectune.storage import MeasurementStore
-from spectune.study import SLO, Objective
 from spectune.trial import summarize
-from spectune.workloads import WorkloadSpec
 
 
 def _study(trials: list[tuple[str, float, float | None, bool]]) -> StudyView:

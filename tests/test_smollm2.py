@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from spectune.checkpoints import prepare_smollm2
-from spectune.config import EngineArgs, SpecConfig
+from spectune.config import ChatMessage, EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.trial import measure
-from spectune.workloads import ChatMessage, Prompt, WorkloadSpec, load_prompts
+from spectune.workloads import load_prompts
 
 pytestmark = pytest.mark.engine
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-
 from conftest import engine_children, group_is_gone, study_config
+
 from spectune.export import export_best, vllm_config
 from spectune.results import open_study
 from spectune.storage import MeasurementStore
-from spectune.study import load_study_config, run_study
+from spectune.study import load_study_config
+from spectune.worker import run_study
 
 pytestmark = pytest.mark.engine
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from spectune.config import Prompt, WorkloadSpec
 from spectune.errors import ConfigError
 from spectune.load import arrival_offsets
 from spectune.workloads import (
     SHIPPED_NAMES,
-    Prompt,
-    WorkloadSpec,
+    _shipped,
     compute_features,
     detect_format,
     load_custom,
@@ -30,7 +30,6 @@ from spectune.workloads import (
     shipped_sets,
     shipped_sets_table,
 )
-from spectune.workloads import _shipped
 
 
 def write_jsonl(path: Path, records: list[Any]) -> Path:

@@ -1,7 +1,14 @@
 """Inference engines: the only code that starts or talks to an engine process."""
 
 from spectune.engines._base import EngineServer
-from spectune.engines._platform import PIN_ENV, CpuBinding, Platform, cpu_binding, detect_platform, vllm_version
+from spectune.engines._platform import (
+    PIN_ENV,
+    CpuBinding,
+    Platform,
+    cpu_binding,
+    detect_platform,
+    vllm_version,
+)
 from spectune.engines._vllm import (
     DEFAULT_STARTUP_TIMEOUT,
     MEMORY_BUSY,

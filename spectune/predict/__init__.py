@@ -32,10 +32,22 @@ from spectune.predict._cost import (
     fit_cost,
     fit_cost_model,
 )
-from spectune.predict._guide import DEFAULT_MARGIN, GuidePlan, could_beat, plan_next, surprising
+from spectune.predict._guide import (
+    DEFAULT_MARGIN,
+    GuidePlan,
+    could_beat,
+    plan_next,
+    surprising,
+)
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
 from spectune.predict._measured import mean_over_engines
-from spectune.predict._rank import PRIOR_ALPHA, Prediction, StudyInputs, measured_prediction, predict_candidates
+from spectune.predict._prediction import Prediction
+from spectune.predict._rank import (
+    PRIOR_ALPHA,
+    StudyInputs,
+    measured_prediction,
+    predict_candidates,
+)
 from spectune.predict._replay import (
     DRAFT_REPLAY_SPREAD,
     DraftGuesses,

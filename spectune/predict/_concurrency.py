@@ -36,8 +36,8 @@ from spectune.predict._cost import Estimate
 from spectune.predict._measured import measured_profile
 
 if TYPE_CHECKING:
-    from spectune.predict._rank import Prediction
-    from spectune.trial import LevelStats, Measurement
+    from spectune.measurement import LevelStats, Measurement
+    from spectune.predict._prediction import Prediction
 
 __all__ = ["ConcurrencyModel", "LevelPrediction", "StepTime", "fit_concurrency", "fit_step_time"]
 

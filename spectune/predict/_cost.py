@@ -60,7 +60,7 @@ from spectune.errors import ConfigError
 from spectune.predict._measured import effective_k, measured_profile
 
 if TYPE_CHECKING:
-    from spectune.trial import Measurement
+    from spectune.measurement import Measurement
 
 __all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "at_typical_speed", "engine_gauge_ms",
            "engine_speed", "engine_speeds", "fit_cost", "fit_cost_model", "gauge_weight"]
@@ -264,7 +264,7 @@ def engine_speed(gauge_ms: float | None, typical_ms: float | None) -> float:
 
 def _noise(m: Measurement) -> float:
     """The trial's relative noise as the study records it (MAD of its windows' throughput)."""
-    from spectune.study import Objective, relative_noise
+    from spectune.measurement import Objective, relative_noise
 
     return relative_noise(Objective.OUTPUT_THROUGHPUT, m) or 0.0
 

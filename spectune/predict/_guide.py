@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from spectune.predict._rank import Prediction
+from spectune.predict._prediction import Prediction
 
 __all__ = ["DEFAULT_MARGIN", "GuidePlan", "plan_next", "surprising"]
 

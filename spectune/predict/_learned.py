@@ -26,13 +26,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from spectune.config import Method, SpecConfig
+from spectune.measurement import spec_key
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
 from spectune.predict._cost import Estimate
-from spectune.predict._measured import effective_k, lookup_window, measured_profile, suffix_params
-from spectune.storage import spec_key
+from spectune.predict._measured import (
+    effective_k,
+    lookup_window,
+    measured_profile,
+    suffix_params,
+)
 
 if TYPE_CHECKING:
-    from spectune.trial import Measurement
+    from spectune.measurement import Measurement
 
 __all__ = ["LearnedAcceptance", "TrainingTrial"]
 

@@ -13,7 +13,7 @@ from spectune.config import Method, SpecConfig
 from spectune.predict._acceptance import AcceptanceProfile
 
 if TYPE_CHECKING:
-    from spectune.trial import Measurement
+    from spectune.measurement import Measurement
 
 # vLLM's own defaults (vllm/config/speculative.py), where a candidate leaves them unset.
 NGRAM_DEFAULT_LOOKUP = 5

@@ -29,7 +29,11 @@ from typing import TYPE_CHECKING
 from spectune.config import Method, SpecConfig
 from spectune.errors import ConfigError
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
-from spectune.predict._concurrency import ConcurrencyModel, LevelPrediction, fit_concurrency
+from spectune.predict._concurrency import (
+    ConcurrencyModel,
+    LevelPrediction,
+    fit_concurrency,
+)
 from spectune.predict._cost import CostPoint, Estimate, fit_cost_model
 from spectune.predict._learned import LearnedAcceptance
 from spectune.predict._measured import (
@@ -41,6 +45,7 @@ from spectune.predict._measured import (
     proposer_of,
     suffix_params,
 )
+from spectune.predict._prediction import Prediction
 from spectune.predict._replay import (
     ReplayAcceptance,
     cached_draft_guesses,
@@ -51,7 +56,7 @@ from spectune.predict._replay import (
 )
 
 if TYPE_CHECKING:
-    from spectune.trial import Measurement
+    from spectune.measurement import Measurement
 
 __all__ = ["PRIOR_ALPHA", "Prediction", "StudyInputs", "measured_prediction", "predict_candidates"]
 
@@ -75,36 +80,13 @@ PRIOR_ALPHA_SPREAD = 0.2
 _OBJECTIVES = ("output_throughput", "tpot_median_ms", "tpot_p99_ms", "ttft_p99_ms", "e2el_median_ms", "e2el_p99_ms")
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """What one unmeasured candidate is predicted to do, with intervals and their sources.
-
-    ``value`` is the study's first objective; ``source`` says where acceptance comes from
-    (replay, truncation, extrapolation, prior) and ``cost_source`` where ``c`` does (fit,
-    fit-method, prior).
-    """
-
-    label: str
-    spec: SpecConfig
-    source: str
-    acceptance_rate: float
-    mean_acceptance_length: float
-    tokens_per_step: Estimate
-    tpot_ms: Estimate
-    output_throughput: Estimate
-    objective: str
-    value: Estimate
-    cost_source: str
-    note: str = ""
-
-
 def measured_prediction(engines: Sequence[Measurement], objective: str = "output_throughput") -> Prediction | None:
     """A measured speculative configuration as a prediction without interval, at its own
     concurrency (so that it can be moved to others, :meth:`ConcurrencyModel.predict`): its mean
     over ``engines``, the measurements of that one configuration on each engine that ran it
     (:func:`~spectune.predict.mean_over_engines`; acceptance from the first: it does not change
     between engines). None without counters."""
-    from spectune.study import Objective
+    from spectune.measurement import Objective
 
     m = mean_over_engines(engines)
     profile = measured_profile(m)
@@ -230,7 +212,7 @@ def _objective_scaler(objective: str, baseline: Measurement) -> tuple[float, Cal
     (speculation leaves the prefill alone); end-to-end latency moves on its decode share
     (``1 - TTFT / E2EL`` of the baseline's medians).
     """
-    from spectune.study import Objective
+    from spectune.measurement import Objective
 
     if objective not in _OBJECTIVES:
         raise ConfigError(f"cannot predict objective {objective!r} (known: {', '.join(_OBJECTIVES)})")

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from spectune.predict._acceptance import AcceptanceProfile
@@ -208,7 +208,9 @@ def replay_ngram(
     if not 1 <= prompt_lookup_min <= prompt_lookup_max:
         raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {prompt_lookup_min}..{prompt_lookup_max}")
     import numpy as np
-    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens as propose
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as propose,
+    )
 
     limit = max_model_len or UNLIMITED_MODEL_LEN
     tally = _Tally(k)
@@ -324,7 +326,7 @@ def draft_guesses(requests: Iterable[ReplayRequest], model: str, *, dtype: str |
     import torch
     from transformers import AutoModelForCausalLM
 
-    from spectune.checkpoints import dtype_kwarg, quiet_transformers
+    from spectune._hf import dtype_kwarg, quiet_transformers
 
     pairs = [(p, o) for p, o in _pairs(requests) if o]
     torch_dtype = _TORCH_DTYPES.get(dtype or "auto", "auto")

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
     from spectune.predict._concurrency import LevelPrediction
     from spectune.predict._cost import Estimate
-    from spectune.predict._rank import Prediction
+    from spectune.predict._prediction import Prediction
 
 __all__ = ["levels_table", "predictions_table"]
 

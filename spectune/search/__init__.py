@@ -6,6 +6,7 @@ guided search or the grid or Optuna's sampler, rechecks, confirmations).
 """
 
 from spectune.search._base import Decision, Run, SearchStrategy, Stop, Wait
+from spectune.search._inputs import measured_trials, predict_study, study_inputs
 from spectune.search._study import (
     INTERRUPTED,
     RECHECK_BEST,
@@ -29,6 +30,9 @@ __all__ = [
     "StudyStrategy",
     "Wait",
     "count_candidates",
+    "measured_trials",
+    "predict_study",
+    "study_inputs",
     "counts_as_finished",
     "engine_failed",
     "measured_again",

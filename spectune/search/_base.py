@@ -71,6 +71,3 @@ class SearchStrategy(abc.ABC):
         Raises:
             StorageError: the storage cannot be read.
         """
-
-    def finish(self, study: optuna.Study) -> None:
-        """Called by a worker when it stops; may write summaries (the dashboard note)."""

@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
+from spectune.measurement import spec_key
 from spectune.search._base import Decision, Run, SearchStrategy, Stop, Wait
-from spectune.storage import MeasurementStore, spec_key
+from spectune.search._inputs import study_inputs
+from spectune.storage import MeasurementStore
 
 if TYPE_CHECKING:
     import optuna
@@ -141,17 +143,6 @@ class StudyStrategy(SearchStrategy):
             return Wait("the last trials are running on other workers")
         return Stop("the search and its confirmations are done")
 
-    def finish(self, study: optuna.Study) -> None:
-        """Note and figures for the dashboard; a study that cannot be annotated is still a result."""
-        from spectune.errors import SpectuneError
-        from spectune.report import annotate_study
-        from spectune.results import StudyView
-
-        try:
-            annotate_study(StudyView(study, self.store, self.url))
-        except SpectuneError as e:
-            _logger.warning("study %s not annotated: %s", study.study_name, e)
-
     # -- phases: each returns a decision, or None when it has nothing (more) to do ------------
     def _baseline(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
         params = self.space.params_of(SpecConfig())
@@ -226,7 +217,7 @@ class StudyStrategy(SearchStrategy):
             return Run(None, why="no baseline to predict from: the sampler chooses")
         if (recheck := self._recheck_surprise(trials)) is not None:  # before anything is fitted on that one engine
             return recheck
-        inputs = view.prediction_inputs(confirmations=False)  # the search plans on its own measurements
+        inputs = study_inputs(view, confirmations=False)  # the search plans on its own measurements
         busy = {t.user_attrs.get("spec_key") for t in trials if in_flight(t)}  # other workers' candidates
         todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
         if not todo:

@@ -1,5 +1,7 @@
 """Workloads: prompts, sampling and load shape, from files or shipped sets; workload features."""
 
+from spectune.config import SHIPPED_NAMES, ChatMessage, Prompt, Sampling, WorkloadSpec
+from spectune.workloads._catalogue import ShippedSet, shipped_sets, shipped_sets_table
 from spectune.workloads._features import (
     NGRAM_SIZES,
     LengthStats,
@@ -18,8 +20,7 @@ from spectune.workloads._loaders import (
     load_spec_bench,
     select,
 )
-from spectune.workloads._shipped import SHIPPED_NAMES, ShippedSet, shipped_path, shipped_sets, shipped_sets_table
-from spectune.workloads._types import ChatMessage, Prompt, Sampling, WorkloadSpec
+from spectune.workloads._shipped import shipped_path
 
 __all__ = [
     "NGRAM_SIZES",

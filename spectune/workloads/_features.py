@@ -24,8 +24,8 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from spectune._util import StrictModel
+from spectune.config import Prompt
 from spectune.errors import ConfigError
-from spectune.workloads._types import Prompt
 
 __all__ = ["NGRAM_SIZES", "LengthStats", "NgramShares", "WorkloadFeatures", "compute_features"]
 

@@ -32,9 +32,9 @@ from typing import IO, Any, Literal
 from pydantic import ValidationError
 
 from spectune._util import describe_validation_error
+from spectune.config import SHIPPED_NAMES, ChatMessage, Prompt, WorkloadSpec
 from spectune.errors import ConfigError
-from spectune.workloads._shipped import SHIPPED_NAMES, shipped_format, shipped_path
-from spectune.workloads._types import ChatMessage, Prompt, WorkloadSpec
+from spectune.workloads._shipped import shipped_format, shipped_path
 
 __all__ = [
     "FileFormat",

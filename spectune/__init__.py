@@ -1,0 +1,1 @@
+"""spectune: find the speculative-decoding configuration that serves your model fastest on vLLM."""

@@ -1,0 +1,275 @@
+"""Measurement types: what one trial measured, what a study optimises, and how figures compare.
+
+The bottom layer of spectune: every other part reads and writes these; nothing here starts an
+engine, reads a file or talks to a database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import statistics
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from spectune._util import StrictModel
+from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
+from spectune.errors import EngineError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = [
+    "CPU_FEATURES",
+    "NOISE_FLOOR",
+    "SLO",
+    "AcceptanceStats",
+    "Hardware",
+    "LatencyStats",
+    "LevelStats",
+    "Measurement",
+    "Objective",
+    "RequestSample",
+    "Versions",
+    "WindowStats",
+    "relative_noise",
+    "spec_key",
+    "speedup",
+]
+
+
+class Versions(BaseModel):
+    spectune: str
+    vllm: str | None
+    torch: str | None
+    python: str
+
+
+class Hardware(BaseModel):
+    platform: str
+    cpu: str
+    cpu_count: int
+    memory_bytes: int | None
+    gpus: list[str]
+    """The GPUs the engine was given (``CUDA_VISIBLE_DEVICES``), not every GPU of the host."""
+    cpu_features: list[str] = []
+    """Processor features that change what speculation costs here (:data:`CPU_FEATURES`)."""
+
+
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+"""Where present, vectors and native bfloat16 make the CPU engine's step, and so the landscape,
+differ between machines of one kind."""
+
+
+SCHEMA_VERSION = 1
+
+class LatencyStats(BaseModel):
+    """Distribution of one latency over the window's successful requests, in milliseconds."""
+
+    count: int
+    mean: float | None
+    median: float | None
+    p90: float | None
+    p99: float | None
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> LatencyStats:
+        if not seconds:
+            return cls(count=0, mean=None, median=None, p90=None, p99=None)
+        ms = sorted(x * 1000.0 for x in seconds)
+
+        def q(p: float) -> float:
+            if len(ms) == 1:
+                return ms[0]
+            return statistics.quantiles(ms, n=100, method="inclusive")[int(p) - 1]
+
+        return cls(count=len(ms), mean=statistics.fmean(ms), median=statistics.median(ms), p90=q(90), p99=q(99))
+
+
+class AcceptanceStats(BaseModel):
+    """Speculative acceptance over the measured window, from the engine's own counters."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    acceptance_rate: float
+    mean_acceptance_length: float
+    per_position: list[float] = Field(description="P(first i+1 drafted tokens all accepted), i = 0..k-1")
+
+
+class WindowStats(BaseModel):
+    """Headline figures of one measured window (a trial measures ``repeats`` disjoint windows)."""
+
+    duration_seconds: float
+    output_throughput: float
+    tpot_median_ms: float | None
+    tpot_p99_ms: float | None
+    ttft_median_ms: float | None
+    ttft_p99_ms: float | None
+    e2el_median_ms: float | None
+    e2el_p99_ms: float | None
+
+
+
+class LevelStats(BaseModel):
+    """One concurrency level of a sweep (``workload.concurrency_levels``), on the trial's engine:
+    its own prompts (disjoint from every other level's), its own counters."""
+
+    concurrency: int
+    num_requests: int
+    num_failed: int
+    duration_seconds: float
+    output_throughput: float
+    tpot_median_ms: float | None
+    ttft_median_ms: float | None
+    acceptance: AcceptanceStats | None
+
+
+
+class RequestSample(BaseModel):
+    """One request of the window, as the client saw it."""
+
+    prompt_id: str
+    ok: bool
+    error: str | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    text: str = ""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+
+class Measurement(BaseModel):
+    """Everything one trial measured, and what produced it. Serialisable to JSON."""
+
+    schema_version: int = SCHEMA_VERSION
+    spec: SpecConfig
+    engine: EngineArgs = Field(description="Engine arguments as resolved for this platform.")
+    workload: WorkloadSpec
+    concurrency: int
+    command: list[str]
+    log_path: str | None
+    started_at: dt.datetime
+    startup_seconds: float
+    duration_seconds: float
+    num_requests: int
+    num_failed: int
+    input_tokens: int
+    output_tokens: int
+    output_throughput: float = Field(description="Output tokens per second over the window.")
+    request_throughput: float
+    total_token_throughput: float
+    ttft_ms: LatencyStats
+    tpot_ms: LatencyStats
+    itl_ms: LatencyStats
+    e2el_ms: LatencyStats
+    acceptance: AcceptanceStats | None
+    peak_memory_bytes: int | None
+    versions: Versions
+    hardware: Hardware
+    windows: list[WindowStats] = Field(description="One entry per repeat of the window.")
+    requests: list[RequestSample] = Field(description="Requests of every window, in order.")
+    levels: list[LevelStats] = Field(
+        default_factory=list,
+        description="A sweep's concurrency levels, the headline one (``concurrency``) included; "
+        "empty without ``concurrency_levels``. Requests of the other levels are not in ``requests``.",
+    )
+
+    def at_concurrency(self, concurrency: int) -> LevelStats | None:
+        """The measured level ``concurrency`` of a sweep, or the headline one; None if not measured."""
+        for level in self.levels:
+            if level.concurrency == concurrency:
+                return level
+        if concurrency == self.concurrency:
+            return LevelStats(
+                concurrency=concurrency, num_requests=self.num_requests, num_failed=self.num_failed,
+                duration_seconds=self.duration_seconds, output_throughput=self.output_throughput,
+                tpot_median_ms=self.tpot_ms.median, ttft_median_ms=self.ttft_ms.median, acceptance=self.acceptance,
+            )
+        return None
+
+
+class Objective(str, Enum):
+    """What a study optimises. Throughput is maximised, latencies minimised."""
+
+    OUTPUT_THROUGHPUT = "output_throughput"
+    TPOT_MEDIAN = "tpot_median_ms"
+    TPOT_P99 = "tpot_p99_ms"
+    TTFT_P99 = "ttft_p99_ms"
+    E2EL_MEDIAN = "e2el_median_ms"
+    E2EL_P99 = "e2el_p99_ms"
+
+    @property
+    def maximize(self) -> bool:
+        return self is Objective.OUTPUT_THROUGHPUT
+
+    @property
+    def direction(self) -> str:
+        return "maximize" if self.maximize else "minimize"
+
+    def window_values(self, m: Measurement) -> list[float]:
+        """This objective in each repeat of the window (for its noise)."""
+        return [v for w in m.windows if (v := getattr(w, self.value)) is not None]
+
+    def of(self, m: Measurement) -> float:
+        """The measured value: the median over the windows."""
+        values = self.window_values(m)
+        if not values:
+            raise EngineError(f"no request produced a value for {self.value}")
+        return float(statistics.median(values))
+
+
+class SLO(StrictModel):
+    """Service-level limits. A trial that breaks any of them is infeasible."""
+
+    ttft_p99_ms: float | None = Field(default=None, gt=0)
+    tpot_median_ms: float | None = Field(default=None, gt=0)
+    tpot_p99_ms: float | None = Field(default=None, gt=0)
+    e2el_p99_ms: float | None = Field(default=None, gt=0)
+    min_output_throughput: float | None = Field(default=None, gt=0)
+
+    def violations(self, m: Measurement) -> dict[str, float]:
+        """Optuna constraint values by SLO name: <= 0 is satisfied, > 0 by how much it is broken."""
+        out: dict[str, float] = {}
+        for name, limit in self:
+            if limit is None:
+                continue
+            if name == "min_output_throughput":
+                out[name] = limit - m.output_throughput
+            else:
+                out[name] = Objective(name).of(m) - limit
+        return out
+
+
+def relative_noise(objective: Objective, m: Measurement) -> float | None:
+    """Median absolute deviation over the windows, relative to the median (None for 1 window)."""
+    values = objective.window_values(m)
+    if len(values) < 2:
+        return None
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    return mad / med if med else None
+
+
+NOISE_FLOOR = 0.02
+"""Relative noise assumed for a trial measured in one window only (no repeats to tell)."""
+
+
+def speedup(maximize: bool, value: float, baseline: float) -> float:
+    """How many times better than the baseline (> 1 is better, for either direction); nan when
+    the ratio is undefined."""
+    if maximize:
+        return value / baseline if baseline > 0 else math.nan
+    return baseline / value if value > 0 else math.nan
+
+
+def spec_key(spec_json: dict[str, Any] | None) -> str:
+    """Canonical text of a candidate, to recognise the same configuration measured before."""
+    return json.dumps(spec_json or {"method": "none"}, sort_keys=True, separators=(",", ":"))
