@@ -29,7 +29,7 @@ from pydantic import Field
 from spectune._util import StrictModel, atomic_write_text, validate
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError, EngineError
-from spectune.measurement import Measurement, spec_key
+from spectune.measurement import Measurement, TrialRecord, spec_key
 
 if TYPE_CHECKING:
     from spectune.results import StudyView
@@ -76,21 +76,22 @@ class Landscape(StrictModel):
         if not isinstance(cfg, dict):
             raise ConfigError(f"study {view.name} carries no spectune configuration")
         points: dict[str, LandscapePoint] = {}
+        ids = view.store.trial_ids(view.name)
         for t in view.study.get_trials(deepcopy=False):
-            if t.state.name not in ("COMPLETE", "FAIL") or "duplicate_of" in t.user_attrs:
+            r = TrialRecord.of(t)
+            if t.state.name not in ("COMPLETE", "FAIL") or r.duplicate_of is not None:
                 continue
-            reason = t.user_attrs.get("fail_reason")
-            if t.state.name == "FAIL" and reason in (None, "interrupted"):
+            if t.state.name == "FAIL" and (r.fail_reason is None or r.interrupted):
                 continue
             if t.datetime_start is None or t.datetime_complete is None:
                 continue
-            m = view.store.measurement(t._trial_id) if t.state.name == "COMPLETE" else None
+            m = view.store.measurement(ids.get(t.number)) if t.state.name == "COMPLETE" else None
             if t.state.name == "COMPLETE" and m is None:
                 continue
             point = LandscapePoint(
-                spec=t.user_attrs.get("spec") or {"method": "none"}, label=t.user_attrs.get("config", "?"),
+                spec=r.spec or {"method": "none"}, label=r.config or "?",
                 engine_seconds=(t.datetime_complete - t.datetime_start).total_seconds(),
-                measurement=m, error=reason if m is None else None,
+                measurement=m, error=r.fail_reason if m is None else None,
             )
             points.setdefault(point.key, point)
         if not any(p.measurement for p in points.values()):

@@ -11,11 +11,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spectune.errors import EngineError
-from spectune.measurement import spec_key
-from spectune.search import INTERRUPTED, counts_as_finished
+from spectune.measurement import (
+    INTERRUPTED,
+    TrialRecord,
+    relative_noise,
+    spec_key,
+    speedup,
+    write_fields,
+)
+from spectune.search import Snapshot
 from spectune.storage import MeasurementStore
 from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs
 
@@ -29,20 +36,17 @@ if TYPE_CHECKING:
 __all__ = ["TrialFunction", "headline", "progress_of", "trial_id"]
 
 
-def headline(m: Measurement) -> dict[str, Any]:
-    """The trial attributes a person reads in the dashboard."""
+def headline(m: Measurement) -> TrialRecord:
+    """The figures of a measurement a person reads in the dashboard, as record fields."""
     acc = m.acceptance
-    return {
-        "output_throughput": round(m.output_throughput, 3),
-        "tpot_median_ms": m.tpot_ms.median,
-        "ttft_p99_ms": m.ttft_ms.p99,
-        "e2el_median_ms": m.e2el_ms.median,
-        "acceptance_rate": acc.acceptance_rate if acc else None,
-        "mean_acceptance_length": acc.mean_acceptance_length if acc else None,
-        "per_position_acceptance": acc.per_position if acc else None,
-        "startup_seconds": round(m.startup_seconds, 2),
-        "failed_requests": m.num_failed,
-    }
+    return TrialRecord(
+        output_throughput=round(m.output_throughput, 3), tpot_median_ms=m.tpot_ms.median,
+        ttft_p99_ms=m.ttft_ms.p99, e2el_median_ms=m.e2el_ms.median,
+        acceptance_rate=acc.acceptance_rate if acc else None,
+        mean_acceptance_length=acc.mean_acceptance_length if acc else None,
+        per_position_acceptance=acc.per_position if acc else None,
+        startup_seconds=round(m.startup_seconds, 2), failed_requests=m.num_failed,
+    )
 
 
 def trial_id(storage: optuna.storages.BaseStorage, study_name: str, number: int) -> int:
@@ -78,11 +82,11 @@ class TrialFunction:
         ``progress`` = (number, of) for the progress hook, on ``engine`` (the study's engine
         arguments placed on a GPU group; default: the study's). The objective values."""
         number, of = progress
-        confirms = trial.user_attrs.get("confirms")
-        label = spec.label() if confirms is None else f"{spec.label()} (again, as #{confirms})"
+        rec = TrialRecord.of(trial)
+        label = spec.label() if rec.confirms is None else f"{spec.label()} (again, as #{rec.confirms})"
         self.hook(StudyEvent("trial_start", number, of, label))
-        if (dup := trial.user_attrs.get("duplicate_of")) is not None:
-            return self._reuse(trial, spec, dup, progress)
+        if rec.duplicate_of is not None:
+            return self._reuse(trial, spec, rec.duplicate_of, progress)
         phase_hook = self.trial_progress(spec.label()) if self.trial_progress else None
         key = spec_key(spec.to_vllm())
         tid = trial_id(self.storage, self.study.study_name, trial.number)
@@ -94,53 +98,48 @@ class TrialFunction:
             values = [o.of(m) for o in cfg.objectives]
         except EngineError as e:
             self.counts["failed"] += 1
-            trial.set_user_attr("fail_reason", str(e))
+            write_fields(trial, fail_reason=str(e))
             self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
                               spec_key=key, error=str(e))
             self._end(number, of, spec, "FAIL", None, str(e))
             raise
         except KeyboardInterrupt:
-            trial.set_user_attr("fail_reason", INTERRUPTED)
+            write_fields(trial, fail_reason=INTERRUPTED)
             raise
         self.counts["measured"] += 1
-        self._record(trial, tid, spec, m, values)
+        self._record(trial, rec, tid, spec, m, values)
         self._end(number, of, spec, "COMPLETE", values, None, finishing=(trial.number, values))
         return values
 
-    def _record(self, trial: optuna.Trial, tid: int, spec: SpecConfig, m: Measurement, values: list[float]) -> None:
-        from spectune.measurement import relative_noise, speedup
-
+    def _record(self, trial: optuna.Trial, rec: TrialRecord, tid: int, spec: SpecConfig, m: Measurement,
+                values: list[float]) -> None:
         primary = self.config.objectives[0]
-        confirms = trial.user_attrs.get("confirms")
-        attrs = headline(m)
-        base = values[0] if spec.is_baseline and confirms is None else self._baseline_value()
-        if base is not None:
-            attrs["speedup"] = round(speedup(primary.maximize, values[0], base), 4)
-        attrs["noise"] = relative_noise(primary, m)
-        attrs["constraints"] = self.config.slo.violations(m)
-        attrs["feasible"] = all(c <= 0 for c in attrs["constraints"].values())
-        for slo_name, value in attrs["constraints"].items():
+        base = values[0] if spec.is_baseline and rec.confirms is None else self._baseline_value()
+        constraints = self.config.slo.violations(m)
+        for slo_name, value in constraints.items():
             trial.set_constraint(slo_name, value)
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
+        headline(m).model_copy(update={
+            "speedup": round(speedup(primary.maximize, values[0], base), 4) if base is not None else None,
+            "noise": relative_noise(primary, m), "constraints": constraints,
+            "feasible": all(c <= 0 for c in constraints.values()),
+        }).write(trial)
         self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
                           spec_key=spec_key(spec.to_vllm()), measurement=m)
-        if spec.is_baseline and confirms is None:  # the target's own outputs: repetition features
+        if spec.is_baseline and rec.confirms is None:  # the target's own outputs: repetition features
             self.study.set_user_attr("workload_features", features_with_outputs(self.prompts, m).model_dump(mode="json"))
 
     def _reuse(self, trial: optuna.Trial, spec: SpecConfig, dup: int, progress: tuple[int, int]) -> list[float]:
         """A candidate the sampler chose again: answered from trial ``dup`` (waited for while it
         runs on another worker), no engine started."""
         previous = self._wait_finished(dup)
-        for k, v in previous.user_attrs.items():
-            if k not in {"role", "retry_of", "duplicate_of", "placement"}:
-                trial.set_user_attr(k, v)
-        for slo_name, value in (previous.user_attrs.get("constraints") or {}).items():
+        before = TrialRecord.of(previous)
+        before.model_copy(update={"role": None, "retry_of": None, "duplicate_of": None, "placement": None}).write(trial)
+        for slo_name, value in (before.constraints or {}).items():
             trial.set_constraint(slo_name, value)
         self.counts["reused"] += 1
         if previous.state.name != "COMPLETE":
-            reason = f"same candidate as trial {previous.number}: {previous.user_attrs.get('fail_reason', 'failed')}"
-            trial.set_user_attr("fail_reason", reason)
+            reason = f"same candidate as trial {previous.number}: {before.fail_reason or 'failed'}"
+            write_fields(trial, fail_reason=reason)
             self._end(*progress, spec, "FAIL", None, reason)
             raise EngineError(reason)
         values = list(previous.values)
@@ -156,7 +155,7 @@ class TrialFunction:
 
     def _baseline_value(self) -> float | None:
         for t in self.study.get_trials(deepcopy=False):
-            if t.state.name == "COMPLETE" and t.user_attrs.get("spec_key") == spec_key(None):
+            if t.state.name == "COMPLETE" and TrialRecord.of(t).spec_key == spec_key(None):
                 return t.values[0]
         return None
 
@@ -193,9 +192,7 @@ class TrialFunction:
         return self.store.url
 
 
-def progress_of(trials: Sequence[optuna.trial.FrozenTrial], attrs: dict[str, Any], budget: int) -> tuple[int, int]:
+def progress_of(trials: Sequence[Snapshot], rec: TrialRecord, budget: int) -> tuple[int, int]:
     """(number, of) of a search trial about to run, for the progress line: the search's trials
     count up to the budget (a re-measurement counts no new candidate)."""
-    finished = sum(1 for t in trials if counts_as_finished(t))
-    return finished + ("confirms" not in attrs), budget
-
+    return sum(1 for t in trials if t.finished) + (not rec.measured_again), budget

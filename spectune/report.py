@@ -32,6 +32,7 @@ import yaml
 
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError, SpectuneError
+from spectune.measurement import TrialRecord
 from spectune.results import engine_spread_note
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ class _Point:
     """A completed, measured (not reused) trial with the user attributes figures need."""
 
     row: TrialRow
-    attrs: dict[str, Any]
+    rec: TrialRecord
 
     @property
     def k(self) -> int | None:
@@ -101,13 +102,13 @@ class _Point:
         """An objective's value (the trial's value when it is an objective, else its attribute)."""
         if name in view.objectives and self.row.values is not None:
             return float(self.row.values[view.objectives.index(name)])
-        value = self.attrs.get(name)
+        value = getattr(self.rec, name, None) if name in TrialRecord.model_fields else None
         return float(value) if isinstance(value, int | float) else None
 
 
 def _points(view: StudyView) -> list[_Point]:
-    attrs = {t.number: t.user_attrs for t in view.study.get_trials(deepcopy=False)}
-    return [_Point(r, attrs.get(r.number, {})) for r in view.complete() if r.duplicate_of is None]
+    records = {t.number: TrialRecord.of(t) for t in view.study.get_trials(deepcopy=False)}
+    return [_Point(r, records.get(r.number, TrialRecord())) for r in view.complete() if r.duplicate_of is None]
 
 
 def _go() -> Any:
@@ -161,14 +162,14 @@ def fig_acceptance_per_position(view: StudyView) -> Figure:
     fig = go.Figure()
     chosen: dict[str, _Point] = {}
     for p in _points(view):
-        per = p.attrs.get("per_position_acceptance")
+        per = p.rec.per_position_acceptance
         if p.row.is_baseline or not per:
             continue
         old = chosen.get(p.proposer)
-        if old is None or len(per) > len(old.attrs["per_position_acceptance"]):
+        if old is None or len(per) > len(old.rec.per_position_acceptance or []):
             chosen[p.proposer] = p
     for name, p in sorted(chosen.items()):
-        per = [float(x) for x in p.attrs["per_position_acceptance"]]
+        per = [float(x) for x in p.rec.per_position_acceptance or []]
         fig.add_trace(go.Scatter(
             x=list(range(1, len(per) + 1)), y=per, name=name, mode="lines+markers",
             text=[_hover(p)] * len(per),
@@ -236,7 +237,7 @@ def fig_predicted_vs_measured(view: StudyView) -> Figure | None:
     lo, hi = math.inf, -math.inf
     for objective in view.objectives:
         pairs = [(float(pred), meas, p) for p in _points(view)
-                 if isinstance(pred := p.attrs.get(f"predicted_{objective}"), int | float)
+                 if p.rec.predicted_objective == objective and (pred := p.rec.predicted) is not None
                  and (meas := p.metric(view, objective)) is not None]
         if not pairs:
             continue

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
-from spectune.measurement import NOISE_FLOOR, spec_key, speedup
+from spectune.measurement import NOISE_FLOOR, TrialRecord, spec_key, speedup
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
 
 if TYPE_CHECKING:
@@ -28,7 +28,8 @@ class TrialRow:
     """One trial as a person reads it."""
 
     number: int
-    trial_id: int
+    trial_id: int | None
+    """Its id in the storage where spectune recorded it (None: not measured yet, or failed before)."""
     state: str
     label: str
     spec: dict[str, Any]
@@ -159,7 +160,8 @@ class StudyView:
         self.url = url
         self.objectives: list[str] = list(study.user_attrs.get("objectives") or study.metric_names or ["value"])
         self.directions = [d.name.lower() for d in study.directions]
-        self.rows = [_row(t, self.objectives[0]) for t in study.get_trials(deepcopy=False)]
+        ids = store.trial_ids(study.study_name)
+        self.rows = [_row(t, ids.get(t.number)) for t in study.get_trials(deepcopy=False)]
         self.rows = self.speedups()
 
     @property
@@ -288,29 +290,16 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _row(t: optuna.trial.FrozenTrial, objective: str) -> TrialRow:
-    attrs = t.user_attrs
-    predicted = attrs.get(f"predicted_{objective}")
+def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
+    r = TrialRecord.of(t)
     return TrialRow(
-        number=t.number, trial_id=t._trial_id, state=t.state.name,
-        label=attrs.get("config", "?"), spec=attrs.get("spec", {}),
-        values=list(t.values) if t.values is not None else None,
-        speedup=attrs.get("speedup"), noise=attrs.get("noise"),
-        acceptance_rate=attrs.get("acceptance_rate"),
-        mean_acceptance_length=attrs.get("mean_acceptance_length"),
-        feasible=bool(attrs.get("feasible", True)), duplicate_of=attrs.get("duplicate_of"),
-        fail_reason=attrs.get("fail_reason"),
-        predicted=predicted if isinstance(predicted, int | float) else None,
-        confirms=attrs.get("confirms"), recheck=bool(attrs.get("recheck")),
-        recheck_reason=attrs.get("recheck") if isinstance(attrs.get("recheck"), str) else None,
-        placement=_placement(attrs.get("placement")),
+        number=t.number, trial_id=trial_id, state=t.state.name, label=r.config or "?", spec=r.spec or {},
+        values=list(t.values) if t.values is not None else None, speedup=r.speedup, noise=r.noise,
+        acceptance_rate=r.acceptance_rate, mean_acceptance_length=r.mean_acceptance_length,
+        feasible=r.feasible is not False, duplicate_of=r.duplicate_of, fail_reason=r.fail_reason,
+        predicted=r.predicted, confirms=r.confirms, recheck=r.recheck is not None, recheck_reason=r.recheck,
+        placement=r.placement.label() if r.placement is not None else None,
     )
-
-
-def _placement(raw: Any) -> str | None:
-    if not isinstance(raw, dict) or not raw.get("host"):
-        return None
-    return f"{raw['host']} gpus {raw['gpus']}" if raw.get("gpus") else str(raw["host"])
 
 
 def open_study(storage: str | None, study_name: str | None) -> StudyView:

@@ -385,7 +385,21 @@ class MeasurementStore:
             raise StorageError(_describe(self.url, e)) from e
         return json.loads(value) if value is not None else None
 
-    def measurement(self, trial_id: int) -> Measurement | None:
+    def trial_ids(self, study_name: str) -> dict[int, int]:
+        """Trial number -> trial id of the trials of ``study_name`` recorded here (the newest row
+        of a number, should a study of that name have been deleted and made again)."""
+        q = sa.select(trials_table.c.trial_number, trials_table.c.trial_id).where(
+            trials_table.c.study_name == study_name).order_by(trials_table.c.id)
+        try:
+            with self._engine.connect() as conn:
+                return {number: tid for number, tid in conn.execute(q).all()}
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
+
+    def measurement(self, trial_id: int | None) -> Measurement | None:
+        """The Measurement of trial ``trial_id``; None when it has none (failed, not run here)."""
+        if trial_id is None:
+            return None
         q = sa.select(trials_table.c.measurement).where(trials_table.c.trial_id == trial_id)
         try:
             with self._engine.connect() as conn:

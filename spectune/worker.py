@@ -27,17 +27,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spectune.errors import ConfigError, EngineError
-from spectune.measurement import spec_key
+from spectune.measurement import (
+    INTERRUPTED,
+    RECORD_VERSION,
+    Placement,
+    TrialRecord,
+    spec_key,
+    write_fields,
+)
 from spectune.objective import TrialFunction, progress_of, trial_id
 from spectune.search import (
-    INTERRUPTED,
     Run,
     SearchStrategy,
+    Snapshot,
     Stop,
     StudyStrategy,
     Wait,
-    counts_as_finished,
-    engine_failed,
+    snapshots,
 )
 from spectune.storage import resolve_storage_url, study_lock, worker_claim
 from spectune.study import (
@@ -204,26 +210,26 @@ class _Worker:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
             optuna.storages.fail_stale_trials(study)
-            trials = study.get_trials(deepcopy=False)
+            trials = snapshots(study)
             progress = None
-            if not any(t.state == optuna.trial.TrialState.WAITING for t in trials):
+            if not any(t.state == "WAITING" for t in trials):
                 decision = self.strategy.decide(study)
                 if not isinstance(decision, Run):
                     return decision
                 _logger.info("next trial: %s", decision.why)
                 if decision.params is not None:
-                    study.enqueue_trial(decision.params, user_attrs=decision.attrs)
+                    study.enqueue_trial(decision.params, user_attrs=decision.record.attrs())
                 progress = decision.progress
             trial = study.ask()  # the oldest waiting trial: the one just enqueued, or a retried one
             spec = self.ctx.space.suggest(trial)
             key = spec_key(spec.to_vllm())
-            trial.set_user_attr("config", spec.label())
-            trial.set_user_attr("spec", spec.to_vllm() or {"method": "none"})
-            trial.set_user_attr("spec_key", key)
-            trial.set_user_attr("placement", {"host": self.host, "gpus": slot.label, "pid": os.getpid()})
-            if "confirms" not in trial.user_attrs and (earlier := _same_candidate(trials, key, trial.number)) is not None:
-                trial.set_user_attr("duplicate_of", earlier)  # answered from it, no engine started
-            return _Claim(trial, spec, progress or progress_of(trials, trial.user_attrs, self.ctx.config.trials))
+            rec = TrialRecord.of(trial)
+            earlier = None if rec.measured_again else _same_candidate(trials, key, trial.number)
+            write_fields(trial, record_version=RECORD_VERSION, config=spec.label(),
+                         spec=spec.to_vllm() or {"method": "none"}, spec_key=key,
+                         placement=Placement(host=self.host, gpus=slot.label, pid=os.getpid()),
+                         duplicate_of=earlier)  # a duplicate is answered from the earlier trial
+            return _Claim(trial, spec, progress or progress_of(trials, rec, self.ctx.config.trials))
 
     def loop(self, slot: Slot) -> None:
         """Ask, measure and tell until the search says stop (or a sampler keeps repeating itself)."""
@@ -263,8 +269,8 @@ class _Worker:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 return
             except BaseException:
-                if "fail_reason" not in trial.user_attrs:
-                    trial.set_user_attr("fail_reason", INTERRUPTED)
+                if TrialRecord.of(trial).fail_reason is None:
+                    write_fields(trial, fail_reason=INTERRUPTED)
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 raise
         study.tell(trial, values if len(values) > 1 else values[0])
@@ -302,14 +308,14 @@ class _Worker:
             raise errors[0]
 
 
-def _same_candidate(trials: list[optuna.trial.FrozenTrial], key: str, number: int) -> int | None:
+def _same_candidate(trials: list[Snapshot], key: str, number: int) -> int | None:
     """An earlier trial of candidate ``key`` that completed, failed by its engine, or runs: a
     sampler's repeat is answered from it."""
     for t in trials:
-        a = t.user_attrs
-        if t.number == number or a.get("spec_key") != key or "duplicate_of" in a or "confirms" in a:
+        r = t.rec
+        if t.number == number or r.spec_key != key or r.duplicate_of is not None or r.measured_again:
             continue
-        if t.state.name in ("COMPLETE", "RUNNING") or engine_failed(t):
+        if t.state in ("COMPLETE", "RUNNING") or t.engine_failed:
             return t.number
     return None
 
@@ -354,7 +360,7 @@ def run_worker(
     complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     return StudyResult(study_name=study.study_name, storage=ctx.url, **run.counts,
                        best=[t.number for t in study.best_trials] if complete else [],
-                       finished=sum(1 for t in study.get_trials(deepcopy=False) if counts_as_finished(t)))
+                       finished=sum(1 for t in snapshots(study) if t.finished))
 
 
 def run_study(

@@ -28,7 +28,7 @@ from conftest import REPO, group_is_gone, study_config
 from spectune.engines import Platform, VLLMServer
 from spectune.errors import ConfigError, StorageError
 from spectune.landscape import Landscape
-from spectune.search import counts_as_finished
+from spectune.search import snapshots
 from spectune.storage import MeasurementStore, worker_claim
 from spectune.study import create_study, join_study
 from spectune.trial import measure
@@ -48,7 +48,7 @@ def _spectune(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
 
 def _measured_keys(study: optuna.Study) -> Counter[str]:
     """How often each candidate was measured as a search trial (not a recheck, confirmation or reuse)."""
-    return Counter(t.user_attrs["spec_key"] for t in study.get_trials() if counts_as_finished(t))
+    return Counter(t.rec.spec_key for t in snapshots(study) if t.finished)
 
 
 def _fake_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token_ms: int = 20) -> Path:
@@ -264,7 +264,8 @@ def test_three_workers_one_killed_mid_trial_the_study_completes_and_nothing_is_l
     assert states == {"COMPLETE": 4, "FAIL": 1}, [(t.number, t.state.name, t.user_attrs) for t in study.trials]
     dead = next(t for t in study.trials if t.state.name == "FAIL")
     assert dead.user_attrs["placement"]["pid"] == victim.pid and "fail_reason" not in dead.user_attrs
-    retry = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
+    retried = optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number
+    retry = [t for t in study.trials if retried(t) == dead.number]
     assert [t.state.name for t in retry] == ["COMPLETE"]  # failed by its heartbeat, retried by another worker
     assert retry[0].user_attrs["placement"]["pid"] != victim.pid
     measured = _measured_keys(study)

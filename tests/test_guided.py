@@ -20,7 +20,7 @@ from rich.console import Console
 from spectune._progress import render_study
 from spectune.config import Method, SpecConfig
 from spectune.landscape import Landscape
-from spectune.measurement import Measurement
+from spectune.measurement import RECHECK_BEST, RECHECK_SURPRISE, Measurement
 from spectune.predict import (
     DRAFT_REPLAY_SPREAD,
     AcceptanceProfile,
@@ -36,7 +36,7 @@ from spectune.predict import (
 )
 from spectune.predict._measured import measured_profile
 from spectune.results import open_study
-from spectune.search import RECHECK_BEST, RECHECK_SURPRISE, study_inputs
+from spectune.search import study_inputs
 from spectune.worker import run_study
 
 REPO = Path(__file__).resolve().parent.parent
@@ -358,7 +358,7 @@ def test_the_best_measured_again_before_the_stop_is_measured_once_after_ctrl_c(l
     for attrs in ({"config": "ngram k=2", "spec": spec}, {"config": "ngram k=2", "spec": spec, "confirms": 0, "recheck": True}):
         old.add_trial(optuna.trial.create_trial(value=100.0, user_attrs=attrs))
     row = open_study(config.storage, "old").rows[1]
-    assert row.recheck and row.recheck_reason is None
+    assert row.recheck and row.recheck_reason == RECHECK_SURPRISE  # read as what it meant
     assert row.note == "again on a fresh engine, as #0, outside its predicted interval"
 
 

@@ -5,36 +5,36 @@ trial; its answer is computed from what the storage holds (:class:`StudyStrategy
 guided search or the grid or Optuna's sampler, rechecks, confirmations).
 """
 
-from spectune.search._base import Decision, Run, SearchStrategy, Stop, Wait
+from spectune.search._base import (
+    Decision,
+    Run,
+    SearchStrategy,
+    Snapshot,
+    Stop,
+    Wait,
+    snapshots,
+)
 from spectune.search._inputs import measured_trials, predict_study, study_inputs
 from spectune.search._study import (
-    INTERRUPTED,
-    RECHECK_BEST,
-    RECHECK_SURPRISE,
     StudyStrategy,
     count_candidates,
-    counts_as_finished,
-    engine_failed,
     measured_again,
     params_key,
 )
 
 __all__ = [
-    "INTERRUPTED",
-    "RECHECK_BEST",
-    "RECHECK_SURPRISE",
     "Decision",
     "Run",
     "SearchStrategy",
+    "Snapshot",
     "Stop",
     "StudyStrategy",
     "Wait",
     "count_candidates",
-    "measured_trials",
-    "predict_study",
-    "study_inputs",
-    "counts_as_finished",
-    "engine_failed",
     "measured_again",
+    "measured_trials",
     "params_key",
+    "predict_study",
+    "snapshots",
+    "study_inputs",
 ]

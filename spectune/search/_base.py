@@ -6,22 +6,64 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from spectune.measurement import TrialRecord
+
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["Decision", "Run", "SearchStrategy", "Stop", "Wait"]
+__all__ = ["Decision", "Run", "SearchStrategy", "Snapshot", "Stop", "Wait", "snapshots"]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One trial of a study as the search reads it: Optuna's state, parameters and values, and
+    spectune's record."""
+
+    number: int
+    state: str
+    """Optuna's state by name: WAITING, RUNNING, COMPLETE, FAIL or PRUNED."""
+    params: dict[str, Any]
+    values: list[float] | None
+    rec: TrialRecord
+
+    @classmethod
+    def of(cls, t: optuna.trial.FrozenTrial) -> Snapshot:
+        return cls(t.number, t.state.name, dict(t.params), list(t.values) if t.values is not None else None,
+                   TrialRecord.of(t))
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state in ("RUNNING", "WAITING")
+
+    @property
+    def engine_failed(self) -> bool:
+        """Failed for a reason of its engine (data), not by Ctrl-C nor by a dead worker's heartbeat."""
+        return self.state == "FAIL" and self.rec.fail_reason is not None and not self.rec.interrupted
+
+    @property
+    def finished(self) -> bool:
+        """Whether it spends the study's budget: completed or failed by its engine, not a
+        candidate answered from an earlier trial, not a re-measurement."""
+        return (self.rec.duplicate_of is None and not self.rec.measured_again
+                and (self.state == "COMPLETE" or self.engine_failed))
+
+
+def snapshots(study: optuna.Study) -> list[Snapshot]:
+    """Every trial of ``study``, in number order, read once."""
+    return [Snapshot.of(t) for t in study.get_trials(deepcopy=False)]
 
 
 @dataclass(frozen=True)
 class Run:
     """Measure a trial now.
 
-    ``params``: the candidate's parameters (the space's names), enqueued with ``attrs`` as the
-    trial's user attributes; None lets the study's Optuna sampler choose (TPE, random, NSGA-II).
+    ``params``: the candidate's parameters (the space's names), enqueued with ``record`` as the
+    trial's record; None lets the study's Optuna sampler choose (TPE, random, NSGA-II).
     """
 
     params: dict[str, Any] | None
-    attrs: dict[str, Any] = field(default_factory=dict)
+    record: TrialRecord = field(default_factory=TrialRecord)
+    """Why it runs (its record's fields so far: role, retry_of, confirms, recheck, prediction)."""
     why: str = ""
     progress: tuple[int, int] | None = None
     """(number, of) for the progress line when the strategy numbers it (confirmations)."""

@@ -27,77 +27,44 @@ import json
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
-from spectune.measurement import spec_key
-from spectune.search._base import Decision, Run, SearchStrategy, Stop, Wait
+from spectune.measurement import RECHECK_BEST, RECHECK_SURPRISE, TrialRecord, spec_key
+from spectune.search._base import (
+    Decision,
+    Run,
+    SearchStrategy,
+    Snapshot,
+    Stop,
+    Wait,
+    snapshots,
+)
 from spectune.search._inputs import study_inputs
 from spectune.storage import MeasurementStore
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
 
     from spectune.space import SearchSpace
 
-__all__ = [
-    "INTERRUPTED",
-    "RECHECK_BEST",
-    "RECHECK_SURPRISE",
-    "StudyStrategy",
-    "counts_as_finished",
-    "measured_again",
-    "params_key",
-]
+__all__ = ["StudyStrategy", "count_candidates", "measured_again", "params_key"]
 
 _logger = logging.getLogger(__name__)
 
-INTERRUPTED = "interrupted"
-"""``fail_reason`` of a trial stopped by Ctrl-C: measured again, not counted as finished."""
 
-# Why guided search measured a configuration again (trial attribute ``recheck``; True in studies
-# of spectune before session 7, meaning a surprise).
-RECHECK_SURPRISE = "outside its predicted interval"
-RECHECK_BEST = "the best when the search would stop"
-
-GUIDE_ATTRS = ("prediction_source", "guide_reason", "guide_step")
-"""A guided pick's attributes beside its ``predicted_*`` ones."""
+def params_key(params: dict[str, object]) -> str:
+    """A candidate's parameters as text, to compare."""
+    return json.dumps(params, sort_keys=True)
 
 
-def _state(t: FrozenTrial) -> str:
-    return t.state.name
-
-
-def engine_failed(t: FrozenTrial) -> bool:
-    """Failed for a reason of its engine (data), not by Ctrl-C nor by a dead worker's heartbeat."""
-    return _state(t) == "FAIL" and t.user_attrs.get("fail_reason") not in (None, INTERRUPTED)
-
-
-def counts_as_finished(t: FrozenTrial) -> bool:
-    """Whether a trial spends the study's budget: completed or failed by its engine, not a
-    candidate answered from an earlier trial, not a re-measurement."""
-    a = t.user_attrs
-    return "duplicate_of" not in a and "confirms" not in a and (_state(t) == "COMPLETE" or engine_failed(t))
-
-
-def in_flight(t: FrozenTrial) -> bool:
-    return _state(t) in ("RUNNING", "WAITING")
-
-
-def params_key(t: FrozenTrial) -> str:
-    """A trial's parameters as text; for a WAITING (enqueued) trial, the ones it will get."""
-    return json.dumps(t.params or t.system_attrs.get("fixed_params", {}), sort_keys=True)
-
-
-def measured_again(trials: Sequence[FrozenTrial]) -> set[int]:
+def measured_again(trials: Sequence[Snapshot]) -> set[int]:
     """The trials whose configuration is measured again on a fresh engine (``confirms``), queued,
     running or done: completed, or failed by its engine (that is data, not retried on resume).
     One interrupted by Ctrl-C, or abandoned by a dead worker, does not count."""
-    going = ("WAITING", "RUNNING", "COMPLETE")
-    return {t.user_attrs["confirms"] for t in trials if "confirms" in t.user_attrs
-            and (_state(t) in going or engine_failed(t))}
+    return {t.rec.confirms for t in trials if t.rec.confirms is not None
+            and (t.state in ("WAITING", "RUNNING", "COMPLETE") or t.engine_failed)}
 
 
 def count_candidates(space: SearchSpace) -> int | None:
@@ -134,33 +101,29 @@ class StudyStrategy(SearchStrategy):
                          "NSGA-II" if objectives > 1 else "TPE")
 
     def decide(self, study: optuna.Study) -> Decision:
-        trials = study.get_trials(deepcopy=False)
+        trials = snapshots(study)
         for phase in (self._baseline, self._search, self._confirmations):
             decision = phase(study, trials)
             if decision is not None:
                 return decision
-        if any(_state(t) == "RUNNING" for t in trials):
+        if any(t.state == "RUNNING" for t in trials):
             return Wait("the last trials are running on other workers")
         return Stop("the search and its confirmations are done")
 
     # -- phases: each returns a decision, or None when it has nothing (more) to do ------------
-    def _baseline(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+    def _baseline(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
         params = self.space.params_of(SpecConfig())
-        key = json.dumps(params, sort_keys=True)
-        mine = [t for t in trials if params_key(t) == key]
-        if any(_state(t) != "FAIL" or engine_failed(t) for t in mine):
+        mine = [t for t in trials if params_key(t.params) == params_key(params)]
+        if any(t.state != "FAIL" or t.engine_failed for t in mine):
             return None  # measured, running, or failed by its engine (data: the search goes on)
-        attrs: dict[str, Any] = {"role": "baseline"}
-        retried = {t.user_attrs.get("retry_of") for t in trials}
-        interrupted = [t.number for t in mine if t.user_attrs.get("fail_reason") == INTERRUPTED and t.number not in retried]
-        if interrupted:
-            attrs["retry_of"] = interrupted[-1]
-        return Run(params, attrs, why="the baseline")
+        retried = {t.rec.retry_of for t in trials}
+        interrupted = [t.number for t in mine if t.rec.interrupted and t.number not in retried]
+        return Run(params, TrialRecord(role="baseline", retry_of=interrupted[-1] if interrupted else None),
+                   why="the baseline")
 
-    def _search(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
-        finished = sum(1 for t in trials if counts_as_finished(t))
-        going = [t for t in trials if in_flight(t) and "confirms" not in t.user_attrs
-                 and "duplicate_of" not in t.user_attrs]
+    def _search(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
+        finished = sum(1 for t in trials if t.finished)
+        going = [t for t in trials if t.in_flight and not t.rec.measured_again and t.rec.duplicate_of is None]
         everything = self.candidates is not None and finished >= self.candidates
         if everything:
             _logger.info("every candidate of the space has been measured")
@@ -174,29 +137,28 @@ class StudyStrategy(SearchStrategy):
             return Wait("the search's last trials are running on other workers")
         return None
 
-    def _retry(self, trials: Sequence[FrozenTrial]) -> Decision | None:
+    def _retry(self, trials: Sequence[Snapshot]) -> Decision | None:
         """A search trial interrupted by Ctrl-C, again (a guided pick keeps its prediction)."""
-        retried = {t.user_attrs.get("retry_of") for t in trials}
+        retried = {t.rec.retry_of for t in trials}
         for t in trials:
-            a = t.user_attrs
-            if a.get("fail_reason") == INTERRUPTED and t.number not in retried and "confirms" not in a:
-                guide = {k: v for k, v in a.items() if k in GUIDE_ATTRS or k.startswith("predicted_")}
-                return Run(t.params, {**guide, "retry_of": t.number}, why=f"trial {t.number} was interrupted")
+            if t.rec.interrupted and t.number not in retried and not t.rec.measured_again:
+                record = t.rec.guide().model_copy(update={"retry_of": t.number})
+                return Run(t.params, record, why=f"trial {t.number} was interrupted")
         return None
 
-    def _pick(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+    def _pick(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
         if self.guided:
             return self._guided(study, trials)
         if self.grid:
-            taken = {params_key(t) for t in trials}
+            taken = {params_key(t.params) for t in trials}
             for spec in self.space.enumerate():
                 params = self.space.params_of(spec)
-                if not spec.is_baseline and json.dumps(params, sort_keys=True) not in taken:
+                if not spec.is_baseline and params_key(params) not in taken:
                     return Run(params, why="the grid's next candidate")
-            return Wait("the grid's last candidates are running") if any(map(in_flight, trials)) else None
+            return Wait("the grid's last candidates are running") if any(t.in_flight for t in trials) else None
         return Run(None, why="the sampler's choice")
 
-    def _guided(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+    def _guided(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
         """The guided plan's next candidate, with its prediction as trial attributes.
 
         None when the search should stop: every candidate left is predicted clearly worse than
@@ -212,13 +174,13 @@ class StudyStrategy(SearchStrategy):
 
         view = StudyView(study, self.store, self.url)
         if view.baseline() is None:
-            if any(in_flight(t) and t.user_attrs.get("role") == "baseline" for t in trials):
+            if any(t.in_flight and t.rec.is_baseline for t in trials):
                 return Wait("guided search predicts from the baseline, which is running")
             return Run(None, why="no baseline to predict from: the sampler chooses")
         if (recheck := self._recheck_surprise(trials)) is not None:  # before anything is fitted on that one engine
             return recheck
         inputs = study_inputs(view, confirmations=False)  # the search plans on its own measurements
-        busy = {t.user_attrs.get("spec_key") for t in trials if in_flight(t)}  # other workers' candidates
+        busy = {t.rec.spec_key for t in trials if t.in_flight}  # other workers' candidates
         todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
         if not todo:
             return Wait("every candidate left is running on another worker") if inputs.candidates else None
@@ -231,11 +193,10 @@ class StudyStrategy(SearchStrategy):
         lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
         best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf  # none feasible yet: all could beat it
         top = max(feasible, key=lambda c: sign * c.value) if feasible else None  # what the study would choose
-        step = sum(1 for t in trials if "guide_reason" in t.user_attrs and "retry_of" not in t.user_attrs)
+        step = sum(1 for t in trials if t.rec.guided and t.rec.retry_of is None)
         # its best measured again before stopping, and the search goes on: no guided pick since then
-        rechecked = max((t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST), default=None)
-        contested = rechecked is not None and not any("guide_reason" in t.user_attrs and t.number > rechecked
-                                                      for t in trials)
+        rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
+        contested = rechecked is not None and not any(t.rec.guided and t.number > rechecked for t in trials)
         plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step, contested=contested)
         study.set_user_attr("guide", {
             "best_measured": best,
@@ -250,7 +211,7 @@ class StudyStrategy(SearchStrategy):
         if plan.pick is None and top is not None and len(top.values) == 1 and top.row.number not in measured_again(trials):
             _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
             first = next(t for t in trials if t.number == top.row.number)
-            return Run(first.params, {"confirms": top.row.number, "recheck": RECHECK_BEST},
+            return Run(first.params, TrialRecord(confirms=top.row.number, recheck=RECHECK_BEST),
                        why=f"{RECHECK_BEST}, again on a fresh engine")
         if plan.pick is None:
             if not self._stop_reported:
@@ -261,30 +222,30 @@ class StudyStrategy(SearchStrategy):
                     self.on_guide_stop(len(plan.skipped))
             return None
         p = plan.pick
-        return Run(self.space.params_of(p.spec), {
-            f"predicted_{p.objective}": p.value.value, "predicted_low": p.value.low,
-            "predicted_high": p.value.high, "predicted_acceptance_length": p.mean_acceptance_length,
-            "prediction_source": p.source, "guide_reason": plan.reason, "guide_step": step,
-        }, why=f"guided search: the most {plan.reason}")
+        return Run(self.space.params_of(p.spec), TrialRecord(
+            predicted_objective=p.objective, predicted=p.value.value, predicted_low=p.value.low,
+            predicted_high=p.value.high, predicted_acceptance_length=p.mean_acceptance_length,
+            prediction_source=p.source, guide_reason=plan.reason, guide_step=step,
+        ), why=f"guided search: the most {plan.reason}")
 
-    def _recheck_surprise(self, trials: Sequence[FrozenTrial]) -> Run | None:
+    def _recheck_surprise(self, trials: Sequence[Snapshot]) -> Run | None:
         """A fresh-engine measurement of a guided pick measured outside its predicted interval
         (:func:`spectune.predict.surprising`) and not measured again yet."""
         from spectune.predict import surprising
 
         again = measured_again(trials)
         for t in trials:
-            a = t.user_attrs
-            if _state(t) == "COMPLETE" and "guide_reason" in a and "duplicate_of" not in a \
-                    and "confirms" not in a and t.number not in again and t.values \
-                    and surprising(a["predicted_low"], a["predicted_high"], t.values[0]):
+            r = t.rec
+            if t.state == "COMPLETE" and r.guided and r.duplicate_of is None and not r.measured_again \
+                    and t.number not in again and t.values and r.predicted_low is not None \
+                    and r.predicted_high is not None and surprising(r.predicted_low, r.predicted_high, t.values[0]):
                 _logger.info("trial %d measured %.4g, outside its predicted interval [%.4g, %.4g]: measuring it again",
-                             t.number, t.values[0], a["predicted_low"], a["predicted_high"])
-                return Run(t.params, {"confirms": t.number, "recheck": RECHECK_SURPRISE},
+                             t.number, t.values[0], r.predicted_low, r.predicted_high)
+                return Run(t.params, TrialRecord(confirms=t.number, recheck=RECHECK_SURPRISE),
                            why=f"trial {t.number} {RECHECK_SURPRISE}")
         return None
 
-    def _confirmations(self, study: optuna.Study, trials: Sequence[FrozenTrial]) -> Decision | None:
+    def _confirmations(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
         """A fresh-engine measurement of the baseline or of one of the ``confirm`` best feasible
         configurations by the first objective, each measured on one engine only so far (a
         resumed study does not confirm twice; more searching, or a larger ``confirm``,
@@ -309,9 +270,9 @@ class StudyStrategy(SearchStrategy):
         if not todo:
             return None
         # numbered after the search: the confirmations run or done, this one, those left
-        finished = sum(1 for t in trials if counts_as_finished(t))
-        confirmed = sum(1 for t in trials if "confirms" in t.user_attrs and "recheck" not in t.user_attrs
-                        and (_state(t) in ("RUNNING", "COMPLETE") or engine_failed(t)))
+        finished = sum(1 for t in trials if t.finished)
+        confirmed = sum(1 for t in trials if t.rec.measured_again and t.rec.recheck is None
+                        and (t.state in ("RUNNING", "COMPLETE") or t.engine_failed))
         first = todo[0].row.number
-        return Run(by_number[first].params, {"confirms": first}, why=f"confirming trial {first} on a fresh engine",
+        return Run(by_number[first].params, TrialRecord(confirms=first), why=f"confirming trial {first} on a fresh engine",
                    progress=(finished + confirmed + 1, finished + confirmed + len(todo)))
