@@ -36,6 +36,9 @@ app.add_typer(workloads_app, name="workloads")
 
 _state: dict[str, Any] = {"debug": False}
 
+STORAGE_HELP = ("Storage URL: sqlite:///FILE, or postgresql+psycopg://USER@HOST/DB for workers on several "
+                "machines. Default: $SPECTUNE_STORAGE, else sqlite:///storage/spectune.db in the current directory.")
+
 
 def _err_console() -> Console:
     from rich.console import Console
@@ -136,7 +139,7 @@ def optimize(
     workload: Annotated[Optional[str], typer.Option(help="Prompt file or shipped set (humaneval, mtbench, sharegpt).")] = None,
     objective: Annotated[Optional[list[str]], typer.Option(help="output_throughput, tpot_median_ms, tpot_p99_ms, ttft_p99_ms, e2el_median_ms, e2el_p99_ms; twice for a Pareto front.")] = None,
     trials: Annotated[Optional[int], typer.Option(min=1, help="Finished trials the study should have (over all its workers).")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL (default sqlite:///storage/spectune.db; PostgreSQL for workers on several machines).")] = None,
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: from target and workload).")] = None,
     seed: Annotated[Optional[int], typer.Option()] = None,
     sampler: Annotated[Optional[str], typer.Option(help="guided (default: measure what the models predict best or know least, stop when the rest is clearly worse), tpe, random or grid.")] = None,
@@ -167,7 +170,7 @@ def optimize(
 @app.command()
 def worker(
     study: Annotated[str, typer.Option(help="Name of the study to work on (created by optimize).")],
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL of the study, e.g. postgresql+psycopg://USER@HOST/DB.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 or 0-1,2-3.")] = None,
 ) -> None:
     """Join a study from this machine and measure its trials until it needs no more."""
@@ -215,7 +218,7 @@ def _print_best(view: StudyView) -> None:
 
 @app.command()
 def show(
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
 ) -> None:
     """The study's trials, best first, with speedup over the baseline, acceptance and state."""
@@ -230,7 +233,7 @@ def show(
 @app.command()
 def export(
     output: Annotated[Path, typer.Option("--output", "-o", help="YAML file for vllm serve --config.")] = Path("best.yaml"),
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
     schedule: Annotated[bool, typer.Option(help="Add num_speculative_tokens_per_batch_size, a k per batch size from the cost model.")] = False,
     max_batch: Annotated[int, typer.Option(min=1, help="Largest batch size the schedule covers (vLLM's max_num_seqs).")] = 256,
@@ -246,7 +249,7 @@ def export(
 
 @app.command()
 def dashboard(
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8080,
     host: Annotated[str, typer.Option(help="Address to listen on (loopback by default; the dashboard has no login).")] = "127.0.0.1",
 ) -> None:
@@ -261,7 +264,7 @@ def dashboard(
 def report(
     output: Annotated[Path, typer.Option("--output", "-o", help="Report file.")] = Path("report.html"),
     fmt: Annotated[Optional[str], typer.Option("--format", help="html (self-contained, with plots) or md (a summary for CI); default: from the file's suffix.")] = None,
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
 ) -> None:
     """Write a report of the study: figures, trials, workload and provenance (HTML or Markdown)."""
@@ -275,7 +278,7 @@ def report(
 
 @app.command()
 def predict(
-    storage: Annotated[Optional[str], typer.Option(help="Storage URL.")] = None,
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
     top: Annotated[int, typer.Option(min=1, help="Show the best N predictions.")] = 10,
     concurrency: Annotated[Optional[str], typer.Option(

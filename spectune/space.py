@@ -56,6 +56,7 @@ does not, use :meth:`SearchSpace.enumerate` with ``study.enqueue_trial`` instead
 
 from __future__ import annotations
 
+import importlib.resources
 import importlib.util
 import logging
 import math
@@ -101,7 +102,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # The search-space folder shipped beside the package (a source checkout or an editable install).
-SHIPPED_SPACES = Path(__file__).resolve().parent.parent / "search_spaces"
+SHIPPED_SPACES = "spectune.search_spaces"
+"""The data package of the shipped spaces: the repository's ``search_spaces/``, mapped into the
+wheel (read through :mod:`importlib.resources`, so an installed spectune finds them from any
+directory)."""
 SPACES_ENV = "SPECTUNE_SPACES"
 
 _SUFFIX_PARAMS = (
@@ -763,7 +767,16 @@ class SearchSpace(StrictModel):
 def spaces_dirs() -> list[Path]:
     """Folders searched for named spaces: ``$SPECTUNE_SPACES`` (os.pathsep list), then shipped."""
     dirs = [Path(p).expanduser() for p in os.environ.get(SPACES_ENV, "").split(os.pathsep) if p]
-    return [*dirs, SHIPPED_SPACES]
+    return [*dirs, *_shipped_dirs()]
+
+
+def _shipped_dirs() -> list[Path]:
+    """The folder of the shipped spaces: inside the installed package (the repository's
+    ``search_spaces/`` for an editable install)."""
+    try:
+        return [Path(str(importlib.resources.files(SHIPPED_SPACES)))]
+    except ModuleNotFoundError:  # pragma: no cover - an install without its data package
+        return []
 
 
 def list_spaces() -> dict[str, Path]:
