@@ -65,7 +65,36 @@ _PUBLIC = {
     "StorageError": ("spectune.errors", "StorageError"),
 }
 
-__all__ = sorted(_PUBLIC)
+__all__ = [
+    "Choice",
+    "ConfigError",
+    "EngineArgs",
+    "EngineError",
+    "Measurement",
+    "Objective",
+    "Prompt",
+    "SLO",
+    "SearchSpace",
+    "SpecConfig",
+    "SpectuneError",
+    "StorageError",
+    "StudyConfig",
+    "StudyView",
+    "TrialRecord",
+    "WorkloadSpec",
+    "create_study",
+    "export_best",
+    "join_study",
+    "load_prompts",
+    "load_space",
+    "load_study_config",
+    "measure",
+    "open_study",
+    "optimize",
+    "run_study",
+    "run_worker",
+]
+assert set(__all__) == set(_PUBLIC)
 
 
 def __getattr__(name: str) -> Any:
