@@ -106,8 +106,7 @@ def record(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --starts {args.starts}: record the grid at least once")
     data = load_yaml_file(args.config) or {}
     if args.smollm2:
-        from spectune.checkpoints import prepare_smollm2
-        from spectune.drafts import build_smollm2_draft
+        from spectune.checkpoints import build_smollm2_draft, prepare_smollm2
 
         data["target"], data["draft"] = str(prepare_smollm2()), str(build_smollm2_draft())
     elif "target" not in data:
@@ -163,8 +162,11 @@ def _models_here(landscape: Landscape) -> Landscape:
         target, draft = _tiny_models(None)
         return landscape.rebase(target, draft)
     if names[0] == "SmolLM2-135M-Instruct":
-        from spectune.checkpoints import prepare_smollm2
-        from spectune.drafts import build_smollm2_draft, draft_name
+        from spectune.checkpoints import (
+            build_smollm2_draft,
+            draft_name,
+            prepare_smollm2,
+        )
         from spectune.errors import ConfigError
 
         try:

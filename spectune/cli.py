@@ -356,7 +356,7 @@ def prepare(
     from spectune.errors import ConfigError
 
     if name == "smollm2-draft":  # distilled from SmolLM2's own outputs: about 7 minutes on 2 cores
-        from spectune.drafts import build_smollm2_draft
+        from spectune.checkpoints import build_smollm2_draft
 
         typer.echo(str(build_smollm2_draft(None, cache_dir, force=force)))
         return

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import spectune.checkpoints as ckpt
+import spectune.checkpoints._smollm2 as smollm2
+import spectune.checkpoints._tiny as tiny
 from spectune.checkpoints import TINY_MARKER, TinyModels, build_tiny, prepare_smollm2
 from spectune.errors import ConfigError, SpectuneError
 
@@ -92,7 +94,7 @@ def test_build_tiny_second_call_does_not_rebuild(tiny_pair, monkeypatch):
     def no_build(*args, **kwargs):
         raise _Sentinel("rebuilt although the models were there")
 
-    monkeypatch.setattr(ckpt, "_build_tiny_into", no_build)
+    monkeypatch.setattr(tiny, "_build_tiny_into", no_build)
     again = build_tiny(models.target.parent)  # no_build would raise if it rebuilt
     assert again == models
     assert {f: (f / TINY_MARKER).stat().st_mtime_ns for f in before} == before
@@ -111,7 +113,7 @@ def test_build_tiny_rebuilds_on_other_request_and_failed_build_keeps_old_models(
         (work / "target" / "config.json").write_text("{}")  # a half-written model
         raise _Sentinel("interrupted")
 
-    monkeypatch.setattr(ckpt, "_build_tiny_into", failing_build)
+    monkeypatch.setattr(tiny, "_build_tiny_into", failing_build)
     with pytest.raises(_Sentinel):
         build_tiny(copy, seed=1)  # another seed: must rebuild
     with pytest.raises(_Sentinel):
@@ -211,20 +213,20 @@ def _fake_prepared(dest: Path, gguf: Path, **source_changes) -> None:
     st = gguf.stat()
     source = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": "0" * 64}
     (dest / ckpt.SMOLLM2_MARKER).write_text(json.dumps(
-        {"format": ckpt._SMOLLM2_FORMAT, "source": {**source, **source_changes}}))
+        {"format": smollm2._SMOLLM2_FORMAT, "source": {**source, **source_changes}}))
 
 
 def test_prepare_smollm2_reuses_a_finished_conversion_and_redoes_a_stale_one(
     tmp_path, monkeypatch
 ):
-    gguf = ckpt._smollm2_gguf()
+    gguf = smollm2._smollm2_gguf()
 
     def no_convert(gguf: Path, out: Path) -> None:
         out.mkdir()
         (out / "config.json").write_text("{}")  # half-written
         raise _Sentinel("converted")
 
-    monkeypatch.setattr(ckpt, "_convert_smollm2", no_convert)
+    monkeypatch.setattr(smollm2, "_convert_smollm2", no_convert)
     monkeypatch.setenv("SPECTUNE_CACHE", str(tmp_path / "env-cache"))
     assert ckpt.default_cache_dir() == tmp_path / "env-cache"
 

