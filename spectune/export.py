@@ -124,13 +124,14 @@ def _mean_objectives(names: list[str], records: list[dict[str, Any]]) -> dict[st
             if all(name in r["objectives"] for r in records)}
 
 
-def export_best(view: StudyView, path: Path, *, schedule_max_batch: int | None = None) -> ExportResult:
+def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | None = None) -> ExportResult:
     """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``.
 
     With ``schedule_max_batch``, a speculative choice also gets vLLM's
     ``num_speculative_tokens_per_batch_size`` for batch sizes 1..``schedule_max_batch``
-    (:func:`batch_schedule`; needs a vLLM with dynamic speculative decoding, 0.32 has it).
+    (:func:`batch_schedule`; vLLM reads it from 0.24).
     """
+    path = Path(path)
     choice = view.best()
     row = choice.row
     m = view.store.measurement(row.trial_id)

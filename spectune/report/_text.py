@@ -1,0 +1,87 @@
+"""The decision of a study as text: its best configuration's YAML and a note for the dashboard."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import yaml
+
+from spectune.errors import ConfigError
+from spectune.results import engine_spread_note
+
+if TYPE_CHECKING:
+
+    from spectune.results import Choice, StudyView
+
+
+__all__ = ["best_config_yaml", "best_line", "decide", "fmt", "study_note"]
+
+_logger = logging.getLogger(__name__)
+
+# -- the decision, as text ----------------------------------------------------------------------
+
+
+def decide(view: StudyView) -> tuple[Choice | None, str]:
+    try:
+        return view.best(), ""
+    except ConfigError as e:
+        return None, str(e)
+
+
+def best_config_yaml(view: StudyView, choice: Choice) -> str | None:
+    """The chosen configuration as ``vllm serve --config`` YAML (None without its measurement)."""
+    from spectune.export import vllm_config
+
+    m = view.store.measurement(choice.row.trial_id)
+    if m is None:
+        return None
+    config = vllm_config(m.engine.model_dump(exclude={"host", "env"}), m.engine.model, choice.row.spec)
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def fmt(x: float | None, spec: str = ".4g", suffix: str = "") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{format(x, spec)}{suffix}"
+
+
+def best_line(choice: Choice) -> str:
+    row = choice.row
+    if choice.is_baseline:
+        return f"no speculation (`{row.label}`, trial {row.number}): {choice.reason}"
+    return f"`{row.label}` (trial {row.number}): {choice.reason}"
+
+
+def study_note(view: StudyView) -> str:
+    choice, why = decide(view)
+    lines = [f"## spectune: {view.name}", ""]
+    objectives = ", ".join(f"{o} ({d})" for o, d in zip(view.objectives, view.directions, strict=False))
+    done = len(view.complete())
+    lines += [f"Objectives: {objectives}. {done} of {len(view.rows)} trials completed.", ""]
+    if choice is None:
+        lines += [f"No best configuration yet: {why}."]
+        return "\n".join(lines) + "\n"
+    lines += [f"**Best configuration:** {best_line(choice)}", ""]
+    values = ", ".join(f"{o} = {fmt(v)}" for o, v in zip(view.objectives, choice.row.values or [], strict=False))
+    base = ", ".join(f"{o} = {fmt(v)}" for o, v in zip(view.objectives, choice.baseline.values or [], strict=False))
+    several = len(choice.engines) > 1 or len(choice.baseline_engines) > 1
+    first = " (first engine)" if several else ""
+    lines += [f"- measured{first}: {values}", f"- baseline (trial {choice.baseline.number}){first}: {base}"]
+    if several:
+        lines.append(f"- {view.objectives[0]} on each engine: {', '.join(fmt(v) for v in choice.engines)} "
+                     f"(baseline: {', '.join(fmt(v) for v in choice.baseline_engines)})")
+    lines.append(f"- noise band: +-{choice.noise_band:.1%}")
+    if (spread := engine_spread_note(choice.engine_spread)) is not None:
+        lines.append(f"- {spread}")
+    lines.append("")
+    text = best_config_yaml(view, choice)
+    if text is not None:
+        lines += ["`vllm serve --config best.yaml` with this `best.yaml` "
+                  "(`spectune export -o best.yaml` writes it, with its provenance):", "",
+                  "```yaml", text.rstrip(), "```", ""]
+    lines += ["Figures: speedup against k, acceptance per draft position, throughput against "
+              "latency with the Pareto front, and predicted against measured when the study "
+              "has predictions. `spectune report` writes them into one HTML file."]
+    return "\n".join(lines) + "\n"
+
+
