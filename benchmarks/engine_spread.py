@@ -84,7 +84,7 @@ def _ttft_gauge(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     and the throughput's CV once each start is brought to a typical engine by its TTFT, as the
     cost model does (:func:`spectune.predict._cost.engine_speeds`)."""
     from spectune.config import Method
-    from spectune.predict._cost import engine_speeds
+    from spectune.predict import engine_speeds
 
     thr, ttft = [r["output_throughput"] for r in rows], [r["ttft_median_ms"] for r in rows]
     speeds = engine_speeds([(Method.NONE, None, 0, t) for t in ttft])

@@ -237,8 +237,12 @@ def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
     """Leave-one-out errors of acceptance length (held-out k) and of the objective (against the
     held-out candidate's mean over its engine starts, and its first start), predicted from the
     first engine start of every other candidate."""
-    from spectune.predict import predict_candidates
-    from spectune.predict._measured import effective_k, measured_profile, proposer_of
+    from spectune.predict import (
+        effective_k,
+        measured_profile,
+        predict_candidates,
+        proposer_of,
+    )
 
     means = _means(landscape, objective)
     points = [p for p in landscape.by_key().values() if p.measurement is not None]
@@ -317,8 +321,12 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     start's deviation from its candidate's mean with that of the start recorded next, whatever
     its candidate (near 0: each engine is fast or slow on its own; toward 1: the machine drifts,
     and starts close in time share it)."""
-    from spectune.predict._cost import engine_gauge_ms, engine_speeds, gauge_weight
-    from spectune.predict._measured import effective_k
+    from spectune.predict import (
+        effective_k,
+        engine_gauge_ms,
+        engine_speeds,
+        gauge_weight,
+    )
 
     speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
     for p in landscape.points:

@@ -18,7 +18,8 @@ from pydantic import Field, model_validator
 from spectune._util import StrictModel, validate
 from spectune.errors import ConfigError
 
-__all__ = ["SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method", "Prompt", "Sampling", "SpecConfig", "WorkloadSpec",
+__all__ = ["NEEDS_K", "NEEDS_MODEL", "SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method", "Prompt", "Sampling", "SpecConfig",
+           "WorkloadSpec",
            "parse_spec"]
 
 SHIPPED_NAMES: tuple[str, ...] = ("humaneval", "mtbench", "sharegpt")
@@ -50,11 +51,11 @@ class Method(str, Enum):
 
 
 # Methods whose proposer is a separate checkpoint that must be named.
-_NEEDS_MODEL = {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MLP_SPECULATOR, Method.MEDUSA}
+NEEDS_MODEL = {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MLP_SPECULATOR, Method.MEDUSA}
 # Methods that propose from the text alone and take no model.
 _MODEL_FREE = {Method.NGRAM, Method.SUFFIX}
 # Methods whose k cannot be read from the proposer's own config and must be given.
-_NEEDS_K = {Method.NGRAM, Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3}
+NEEDS_K = {Method.NGRAM, Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3}
 
 _NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 _SUFFIX_KEYS = (
@@ -93,9 +94,9 @@ class SpecConfig(StrictModel):
             return self
         if m in _MODEL_FREE and self.model is not None:
             raise ValueError(f"method {m} proposes from the text and takes no model")
-        if m in _NEEDS_MODEL and not self.model:
+        if m in NEEDS_MODEL and not self.model:
             raise ValueError(f"method {m} needs a model (the draft or head checkpoint)")
-        if m in _NEEDS_K and self.num_speculative_tokens is None:
+        if m in NEEDS_K and self.num_speculative_tokens is None:
             raise ValueError(f"method {m} needs num_speculative_tokens (k >= 1)")
         if m is not Method.NGRAM and (wrong := [k for k in _NGRAM_KEYS if k in set_keys]):
             raise ValueError(f"{wrong[0]} applies to method ngram only, not {m}")

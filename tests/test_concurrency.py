@@ -16,8 +16,13 @@ from spectune.config import Method, Prompt, WorkloadSpec
 from spectune.errors import ConfigError
 from spectune.landscape import Landscape
 from spectune.measurement import LatencyStats, LevelStats, Measurement
-from spectune.predict import Estimate, Prediction, fit_concurrency, fit_step_time
-from spectune.predict._measured import measured_profile
+from spectune.predict import (
+    Estimate,
+    Prediction,
+    fit_concurrency,
+    fit_step_time,
+    measured_profile,
+)
 from spectune.trial import plan_windows
 
 A, SLOPE = 2.0, 0.5  # ms: the law t0(b) = A + SLOPE b the synthetic sweeps follow

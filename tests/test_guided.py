@@ -30,11 +30,11 @@ from spectune.predict import (
     TrainingTrial,
     batch_cost,
     derive_schedule,
+    measured_profile,
     plan_next,
     predict_candidates,
     surprising,
 )
-from spectune.predict._measured import measured_profile
 from spectune.results import open_study
 from spectune.search import study_inputs
 from spectune.worker import run_study

@@ -27,10 +27,13 @@ from spectune.predict import (
     CostPoint,
     Estimate,
     acceptance_rate_at,
+    at_typical_speed,
     conditional_acceptance,
+    engine_gauge_ms,
     expected_tokens_per_step,
     fit_cost,
     fit_cost_model,
+    gauge_weight,
     leviathan_expected_tokens,
     leviathan_improvement,
     measured_prediction,
@@ -38,7 +41,6 @@ from spectune.predict import (
     replay_suffix,
     suffix_available,
 )
-from spectune.predict._cost import at_typical_speed, engine_gauge_ms, gauge_weight
 from spectune.search import predict_study
 
 # -- truncation and Leviathan's formulas ----------------------------------------------------------

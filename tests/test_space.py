@@ -16,7 +16,7 @@ from spectune._util import validate
 from spectune.config import EngineArgs, Method, SpecConfig
 from spectune.errors import ConfigError
 from spectune.pairing import _check, check_pairing
-from spectune.space import SHIPPED_SPACES, SearchSpace, list_spaces, load_space
+from spectune.space import SearchSpace, list_spaces, load_space, spaces_dirs
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p.stem for p in (REPO / "search_spaces").glob("*.yaml"))
@@ -44,8 +44,8 @@ def one_line_error(path_or_name: str | Path) -> str:
 # Shipped spaces
 
 
-def test_the_shipped_folder_is_found_beside_the_package() -> None:
-    assert SHIPPED_SPACES == REPO / "search_spaces"
+def test_the_shipped_spaces_are_the_repositorys_data_package() -> None:
+    assert spaces_dirs()[-1] == REPO / "search_spaces"  # spectune.search_spaces: this checkout, installed editable
     assert set(SHIPPED) >= {"default", "ngram", "draft", "eagle", "mlp_speculator", "suffix", "mtp"}
     assert set(list_spaces()) >= set(SHIPPED)
 

@@ -29,8 +29,12 @@ from spectune.predict._cost import (
     CostPoint,
     Estimate,
     ProposerCost,
+    at_typical_speed,
+    engine_gauge_ms,
+    engine_speeds,
     fit_cost,
     fit_cost_model,
+    gauge_weight,
 )
 from spectune.predict._guide import (
     DEFAULT_MARGIN,
@@ -40,7 +44,12 @@ from spectune.predict._guide import (
     surprising,
 )
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
-from spectune.predict._measured import mean_over_engines
+from spectune.predict._measured import (
+    effective_k,
+    mean_over_engines,
+    measured_profile,
+    proposer_of,
+)
 from spectune.predict._prediction import Prediction
 from spectune.predict._rank import (
     PRIOR_ALPHA,
@@ -86,25 +95,32 @@ __all__ = [
     "StudyInputs",
     "TrainingTrial",
     "acceptance_rate_at",
+    "at_typical_speed",
     "batch_cost",
     "cached_draft_guesses",
     "conditional_acceptance",
     "could_beat",
     "derive_schedule",
     "draft_guesses",
+    "effective_k",
+    "engine_gauge_ms",
+    "engine_speeds",
     "expected_tokens_per_step",
     "fit_concurrency",
     "fit_cost",
     "fit_cost_model",
     "fit_step_time",
+    "gauge_weight",
+    "levels_table",
     "leviathan_expected_tokens",
     "leviathan_improvement",
-    "levels_table",
     "mean_over_engines",
     "measured_prediction",
+    "measured_profile",
     "plan_next",
     "predict_candidates",
     "predictions_table",
+    "proposer_of",
     "replay_draft",
     "replay_ngram",
     "replay_suffix",

@@ -1,0 +1,286 @@
+"""Parameter domains of a space: a fixed value, a list of choices, or an inclusive range."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from spectune._util import StrictModel
+from spectune.config import Method, SpecConfig
+
+if TYPE_CHECKING:
+    from optuna.trial import BaseTrial
+
+
+__all__ = ["DOMAIN_FIELDS", "ENV_KEY", "PARAMS", "PLACEHOLDER", "Domain", "FloatDomain", "IntDomain", "check_bounds",
+           "choices"]
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX_PARAMS = (
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+)
+_HEAD_PARAMS = ("models", "num_speculative_tokens", "draft_tensor_parallel_size")
+# What each method may tune, in suggestion order. "models" becomes SpecConfig.model.
+PARAMS: dict[Method, tuple[str, ...]] = {
+    Method.NONE: (),
+    Method.NGRAM: ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"),
+    Method.SUFFIX: ("num_speculative_tokens", *_SUFFIX_PARAMS),
+    Method.DRAFT_MODEL: _HEAD_PARAMS,
+    Method.EAGLE: _HEAD_PARAMS,
+    Method.EAGLE3: _HEAD_PARAMS,
+    Method.MLP_SPECULATOR: _HEAD_PARAMS,
+    Method.MEDUSA: _HEAD_PARAMS,
+    # MTP proposes with the target's own MTP layers; `model` is optional.
+    Method.MTP: ("models", "num_speculative_tokens"),
+}
+DOMAIN_FIELDS = (
+    "num_speculative_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    *_SUFFIX_PARAMS,
+    "draft_tensor_parallel_size",
+)
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+ENV_KEY = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]*)")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Domains
+
+
+def _is_number(value: Any, integer: bool) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if integer else isinstance(value, int | float)
+
+
+class Domain(StrictModel):
+    """Values one parameter may take: explicit ``choices``, or the range ``low..high``.
+
+    Immutable. In YAML a scalar means one fixed value and a list means choices; a mapping gives a
+    range (``{low, high, step}``) or, explicitly, ``{choices: [...]}``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    choices: tuple[Any, ...] | None = None
+    low: Any = None
+    high: Any = None
+    step: Any = None
+
+    _integer: ClassVar[bool] = False
+    _what: ClassVar[str] = "value"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, Domain) or isinstance(data, Mapping):
+            return data
+        what = cls._what
+        if isinstance(data, list | tuple):
+            if not data:
+                raise ValueError("empty list of choices")
+            for i, item in enumerate(data):
+                if not _is_number(item, cls._integer):
+                    raise ValueError(f"choice {i} ({item!r}) is not {what}")
+            return {"choices": list(data)}
+        if not _is_number(data, cls._integer):
+            raise ValueError(f"expected {what}, a list of choices or a range {{low, high}}, got {data!r}")
+        return {"choices": [data]}
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Domain:
+        log = getattr(self, "log", False)
+        if self.choices is not None:
+            if self.low is not None or self.high is not None or self.step is not None or log:
+                raise ValueError("give either a list of choices or a range {low, high}, not both")
+            if not self.choices:
+                raise ValueError("empty list of choices")
+            if len(set(self.choices)) != len(self.choices):
+                raise ValueError(f"repeated choice in {list(self.choices)}")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("a range needs both low and high")
+        if self.low > self.high:
+            raise ValueError(f"empty range: low ({self.low}) > high ({self.high})")
+        if log and self.step is not None:
+            raise ValueError("a range takes step or log, not both")
+        if log and self.low <= 0:
+            raise ValueError(f"a log range needs low > 0, got {self.low}")
+        if self.step is not None and not self._on_grid(self.high):
+            raise ValueError(f"high ({self.high}) is not low ({self.low}) plus a multiple of step ({self.step})")
+        return self
+
+    @model_serializer(mode="plain")
+    def _compact(self) -> Any:
+        """The shortest YAML form: a scalar, a list, or a range mapping."""
+        if self.choices is not None:
+            return self.choices[0] if len(self.choices) == 1 else list(self.choices)
+        out: dict[str, Any] = {"low": self.low, "high": self.high}
+        if self.step is not None:
+            out["step"] = self.step
+        if getattr(self, "log", False):
+            out["log"] = True
+        return out
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def is_range(self) -> bool:
+        return self.choices is None
+
+    @property
+    def is_fixed(self) -> bool:
+        """One value only: it is not tuned (no Optuna parameter)."""
+        return len(self.choices) == 1 if self.choices is not None else self.low == self.high
+
+    @property
+    def fixed_value(self) -> Any:
+        if not self.is_fixed:
+            raise ValueError(f"{self.model_dump()} has more than one value")
+        return self.choices[0] if self.choices is not None else self.low
+
+    @property
+    def lowest(self) -> Any:
+        return min(self.choices) if self.choices is not None else self.low
+
+    @property
+    def highest(self) -> Any:
+        return max(self.choices) if self.choices is not None else self.high
+
+    def _on_grid(self, value: Any) -> bool:
+        if self.step is None:
+            return True
+        k = (value - self.low) / self.step
+        return abs(k - round(k)) < 1e-8
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is one of the domain's values (a range's grid included)."""
+        if value is None or isinstance(value, bool):
+            return False
+        if self.choices is not None:
+            return value in self.choices
+        if not _is_number(value, self._integer):
+            return False
+        return self.low <= value <= self.high and self._on_grid(value)
+
+    def values(self) -> list[Any]:
+        """The values :meth:`SearchSpace.enumerate` tries (see the subclasses for ranges)."""
+        if self.choices is not None:
+            return list(self.choices)
+        raise NotImplementedError
+
+    def clip(self, lo: Any = None, hi: Any = None) -> Domain | None:
+        """The values within ``[lo, hi]`` (a range stays on its grid); None when none are left."""
+        if self.choices is not None:
+            kept = tuple(v for v in self.choices if (lo is None or v >= lo) and (hi is None or v <= hi))
+            return self.model_copy(update={"choices": kept}) if kept else None
+        low, high = self.low, self.high
+        if lo is not None and lo > low:
+            low = lo if self.step is None else self.low + math.ceil((lo - self.low) / self.step - 1e-9) * self.step
+        if hi is not None and hi < high:
+            high = hi if self.step is None else self.low + math.floor((hi - self.low) / self.step + 1e-9) * self.step
+        if low > high:
+            return None
+        return self.model_copy(update={"low": low, "high": high})
+
+    def suggest(self, trial: BaseTrial, name: str) -> Any:
+        """Ask ``trial`` for a value of parameter ``name`` from this domain."""
+        if self.choices is not None:
+            return trial.suggest_categorical(name, list(self.choices))
+        raise NotImplementedError
+
+
+class IntDomain(Domain):
+    """Domain of an integer parameter. A range enumerates every value on its grid."""
+
+    choices: tuple[StrictInt, ...] | None = None
+    low: StrictInt | None = None
+    high: StrictInt | None = None
+    step: StrictInt | None = Field(default=None, ge=1)
+
+    _integer: ClassVar[bool] = True
+    _what: ClassVar[str] = "an integer"
+
+    def values(self) -> list[Any]:
+        if self.choices is not None:
+            return list(self.choices)
+        return list(range(self.low, self.high + 1, self.step or 1))
+
+    def suggest(self, trial: BaseTrial, name: str) -> Any:
+        if self.choices is not None:
+            return trial.suggest_categorical(name, list(self.choices))
+        return trial.suggest_int(name, self.low, self.high, step=self.step or 1)
+
+
+class FloatDomain(Domain):
+    """Domain of a float parameter; a range may be ``log``.
+
+    A range cannot be listed in full: :meth:`values` gives ``low``, the midpoint (geometric for a
+    log range, arithmetic otherwise, snapped to ``step`` when there is one) and ``high``.
+    """
+
+    choices: tuple[StrictFloat, ...] | None = None
+    low: StrictFloat | None = None
+    high: StrictFloat | None = None
+    step: StrictFloat | None = Field(default=None, gt=0)
+    log: bool = False
+
+    _what: ClassVar[str] = "a number"
+
+    def values(self) -> list[Any]:
+        if self.choices is not None:
+            return list(self.choices)
+        mid = math.sqrt(self.low * self.high) if self.log else (self.low + self.high) / 2
+        if self.step is not None:
+            mid = self.low + round((mid - self.low) / self.step) * self.step
+        mid = float(f"{mid:.12g}")
+        return list(dict.fromkeys((self.low, mid, self.high)))
+
+    def suggest(self, trial: BaseTrial, name: str) -> Any:
+        if self.choices is not None:
+            return trial.suggest_categorical(name, list(self.choices))
+        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
+
+
+def choices(values: Sequence[str]) -> Domain:
+    return Domain.model_construct(choices=tuple(values))
+
+
+@cache
+def _value_adapter(field: str) -> TypeAdapter[float]:
+    """Checks one value against SpecConfig's own bounds for ``field`` (one source of truth)."""
+    info = SpecConfig.model_fields[field]
+    return TypeAdapter(Annotated[float, *info.metadata])
+
+
+def check_bounds(field: str, domain: Domain) -> None:
+    adapter = _value_adapter(field)
+    for value in domain.choices if domain.choices is not None else (domain.low, domain.high):
+        try:
+            adapter.validate_python(value)
+        except ValidationError as e:
+            why = e.errors()[0]["msg"]
+            raise ValueError(f"{value} is out of range: {why[0].lower()}{why[1:]}") from None
+
+

@@ -1,0 +1,259 @@
+"""A search space: its methods, its fixed engine arguments, and the candidates it holds."""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import (
+    Field,
+    PrivateAttr,
+    field_validator,
+)
+
+from spectune._util import StrictModel, validate
+from spectune.config import NEEDS_MODEL, EngineArgs, Method, SpecConfig
+from spectune.errors import ConfigError
+from spectune.space._domains import PLACEHOLDER, Domain
+from spectune.space._methods import FixedEngineArgs, MethodSpace
+
+if TYPE_CHECKING:
+    from optuna.trial import BaseTrial
+
+
+__all__ = ["SearchSpace"]
+
+logger = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# The space
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class SearchSpace(StrictModel):
+    """Candidate speculative configurations of a study, and the engine arguments they share.
+
+    Build with :func:`load_space`, then :meth:`resolve` the placeholders before :meth:`suggest`,
+    :meth:`enumerate` or :meth:`params_of`. Immutable in use: :meth:`resolve` returns a new space.
+    """
+
+    description: str | None = None
+    methods: dict[Method, MethodSpace] = Field(description="vLLM method name -> what it may try.")
+    engine: FixedEngineArgs = Field(default_factory=FixedEngineArgs)
+
+    _source: str | None = PrivateAttr(default=None)
+
+    @field_validator("methods", mode="before")
+    @classmethod
+    def _method_keys(cls, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        if not value:
+            raise ValueError("no methods: list at least one, e.g. none: {} and ngram: {...}")
+        out: dict[Method, Any] = {}
+        for key, body in value.items():
+            try:
+                method = Method(key)
+            except ValueError:
+                known = ", ".join(m.value for m in Method)
+                raise ValueError(f"unknown method {key!r} (known: {known})") from None
+            if body is None:
+                body = {}
+            if isinstance(body, MethodSpace):
+                if body.method is not method:
+                    raise ValueError(f"{key}: holds the space of method {body.method}")
+            elif isinstance(body, Mapping):
+                given = body.get("method", method.value)
+                if given != method.value:
+                    raise ValueError(f"{key}: method {given!r} differs from its key")
+                body = {**body, "method": method.value}
+            out[method] = body
+        return out
+
+    @field_validator("methods", mode="after")
+    @classmethod
+    def _available(cls, methods: dict[Method, MethodSpace]) -> dict[Method, MethodSpace]:
+        ordered = sorted(methods.items(), key=lambda item: item[0] is not Method.NONE)  # baseline first
+        kept: dict[Method, MethodSpace] = {}
+        for method, space in ordered:
+            missing = [name for name in space.requires if not _importable(name)]
+            if missing:
+                logger.warning("search space: method %s left out: module %s is not importable", method, missing[0])
+                continue
+            kept[method] = space
+        if not kept:
+            raise ValueError("no method left: every method requires a module that is not importable")
+        return kept
+
+    # -- identity ----------------------------------------------------------------------------
+
+    @property
+    def source(self) -> str | None:
+        """The file this space was loaded from, if any."""
+        return self._source
+
+    def _where(self) -> str:
+        return f"{self._source}: " if self._source else ""
+
+    # -- placeholders ------------------------------------------------------------------------
+
+    def resolve(self, target: str, draft: str | Sequence[str] | None = None) -> SearchSpace:
+        """A copy with ``${target}``, ``${draft}`` and ``${env:VAR}`` substituted in ``models``.
+
+        ``draft`` may name several drafts (one model entry each). Entries that need a draft when
+        none is given are left out; a method left without the models it needs is dropped (INFO).
+
+        Raises:
+            ConfigError: an empty target, an unset ``${env:VAR}``, or no method left but the
+                baseline when the space had others.
+        """
+        if not target or not target.strip():
+            raise ConfigError(f"{self._where()}resolve: the target model is empty")
+        drafts = [draft] if isinstance(draft, str) else list(draft or [])
+        methods: dict[Method, MethodSpace] = {}
+        for method, space in self.methods.items():
+            if space.models is None:
+                methods[method] = space
+                continue
+            models: list[str] = []
+            for entry in space.models:
+                for model in self._expand(entry, target, drafts, f"methods.{method}.models"):
+                    if model not in models:
+                        models.append(model)
+            if not models and method in NEEDS_MODEL:
+                logger.info("search space: method %s left out: its models need ${draft} and no draft was given", method)
+                continue
+            methods[method] = space.model_copy(update={"models": models or None})
+        if set(methods) <= {Method.NONE} and set(self.methods) - {Method.NONE}:
+            left_out = ", ".join(m.value for m in self.methods if m not in methods)
+            raise ConfigError(
+                f"{self._where()}no method but the baseline left: {left_out} need ${{draft}}; give a draft"
+            )
+        return self.model_copy(update={"methods": methods})
+
+    def _expand(self, entry: str, target: str, drafts: list[str], where: str) -> list[str]:
+        needs_draft = any(m.group(1) == "draft" for m in PLACEHOLDER.finditer(entry))
+        if needs_draft and not drafts:
+            return []
+        out = []
+        for draft in drafts if needs_draft else [None]:
+
+            def substitute(match: re.Match[str], draft: str | None = draft) -> str:
+                key = match.group(1)
+                if key == "target":
+                    return target
+                if key == "draft":
+                    assert draft is not None
+                    return draft
+                var = key.removeprefix("env:")
+                value = os.environ.get(var)
+                if not value:
+                    raise ConfigError(f"{self._where()}{where}: {match.group(0)} is used but {var} is not set")
+                return value
+
+            out.append(PLACEHOLDER.sub(substitute, entry))
+        return out
+
+    def _require_resolved(self) -> None:
+        for method, space in self.methods.items():
+            for entry in space.models or ():
+                if PLACEHOLDER.search(entry):
+                    raise ConfigError(
+                        f"{self._where()}methods.{method}.models: {entry!r} has a placeholder; "
+                        "call resolve(target, draft) first"
+                    )
+
+    # -- Optuna --------------------------------------------------------------------------------
+
+    def suggest(self, trial: BaseTrial) -> SpecConfig:
+        """Define-by-run: draw one candidate through ``trial`` (see the module docstring)."""
+        self._require_resolved()
+        names = [m.value for m in self.methods]
+        method = Method(names[0] if len(names) == 1 else trial.suggest_categorical("method", names))
+
+        def choose(field: str, domain: Domain, tuned: bool) -> Any:
+            return domain.suggest(trial, f"{method.value}.{field}") if tuned else domain.fixed_value
+
+        values = self.methods[method]._walk(choose)
+        return validate(SpecConfig, {"method": method, **values}, self._source)
+
+    def params_of(self, spec: SpecConfig) -> dict[str, Any]:
+        """The Optuna parameters :meth:`suggest` draws for ``spec``, for ``study.enqueue_trial``.
+
+        Raises:
+            ConfigError: ``spec`` is not a candidate of this space.
+        """
+        self._require_resolved()
+        method = spec.method
+        if method not in self.methods:
+            have = ", ".join(m.value for m in self.methods)
+            raise ConfigError(f"{self._where()}{spec.label()}: method {method} is not in this space (it has {have})")
+        params: dict[str, Any] = {}
+        if len(self.methods) > 1:
+            params["method"] = method.value
+
+        def choose(field: str, domain: Domain, tuned: bool) -> Any:
+            value = getattr(spec, field)
+            if not domain.contains(value):
+                raise ConfigError(
+                    f"{self._where()}{spec.label()}: {field}={value!r} is not in methods.{method} ({domain.model_dump()})"
+                )
+            if tuned:
+                params[f"{method.value}.{field}"] = value
+            return value
+
+        walked = self.methods[method]._walk(choose)
+        extra = sorted(k for k, v in spec if v is not None and k != "method" and k not in walked)
+        if extra:
+            raise ConfigError(f"{self._where()}{spec.label()}: {extra[0]} is set but methods.{method} has no {extra[0]}")
+        return params
+
+    def enumerate(self, limit: int | None = 10_000) -> list[SpecConfig]:
+        """Every candidate, baseline first, in a deterministic order.
+
+        The cartesian product of choices and integer ranges, per method in the space's order
+        (the baseline first); a float range contributes ``low``, midpoint and ``high`` (see
+        :class:`FloatDomain`). n-gram combinations with ``prompt_lookup_min > prompt_lookup_max``
+        are skipped.
+
+        Raises:
+            ConfigError: more than ``limit`` candidates (None: no limit).
+        """
+        self._require_resolved()
+        out: list[SpecConfig] = []
+        for method, space in self.methods.items():
+            for values in space._combinations():
+                out.append(validate(SpecConfig, {"method": method, **values}, self._source))
+                if limit is not None and len(out) > limit:
+                    raise ConfigError(
+                        f"{self._where()}more than {limit} candidates; narrow the ranges or list choices"
+                    )
+        return out
+
+    def proposers(self) -> list[tuple[Method, str]]:
+        """Each (method, model) pair the space may run, once: what to pass to ``check_pairing``.
+
+        Cheaper than walking :meth:`enumerate` when ranges are large.
+        """
+        self._require_resolved()
+        return [(method, model) for method, space in self.methods.items() for model in space.models or ()]
+
+    # -- engine --------------------------------------------------------------------------------
+
+    def engine_args(self, target: str) -> EngineArgs:
+        """The space's fixed engine arguments with ``target`` as the model."""
+        data = self.engine.model_dump(exclude_unset=True, exclude={"model"})
+        return validate(EngineArgs, {**data, "model": target}, self._source)
+
+
