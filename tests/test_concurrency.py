@@ -157,6 +157,7 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
     from spectune.cli import app
     from spectune.results import open_study
     from spectune.search import study_inputs
+    from spectune.study import create_study
 
     cfg, tmp = swept_study
     view = open_study(cfg.storage, "sweep")
@@ -173,9 +174,11 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
     assert all(lv.acceptance is not None and lv.acceptance.num_drafts > 0 for lv in ngram.levels)
     assert base.levels[0].acceptance is None
 
-    # widen the study's space (the file it was run with): n-gram k=2 and k=4 are left to predict
+    # the study resumed with a wider space (the file it was run with): n-gram k=2 and k=4 are left to predict
     (tmp / "space.yaml").write_text("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [2, 3, 4]\n"
                                     "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
+    create_study(cfg)  # what optimize does first: the stored definition takes the wider space
+    view = open_study(cfg.storage, "sweep")
     inputs = study_inputs(view)
     model = inputs.concurrency_model()
     assert model is not None and model.step.levels == (1, 4)
