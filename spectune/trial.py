@@ -153,42 +153,11 @@ def measure(
     server = server_factory(engine, spec, log_path=log_path, startup_timeout=startup_timeout)
     hook("start", 0, 1)
     with server:
-        model = server.served_model_name
+        run = _Run(server, workload, hook, window_timeout, len(prompts))
         try:
-            if workload.warmup_requests:
-                warm = warmup_prompts(workload.warmup_requests)
-                hook("warmup", 0, len(warm))
-                run_load(server.base_url, model, warm, workload, concurrency=1,
-                         timeout=window_timeout)
-            before = fetch_counters(server.base_url)
-            results: list[LoadResult] = []
-            total, done = len(prompts), 0
-            for window in windows:
-                hook("measure", done, total)
-                results.append(run_load(
-                    server.base_url, model, window, workload,
-                    progress=lambda d, t, done=done: hook("measure", done + d, total),
-                    timeout=window_timeout,
-                ))
-                done += len(window)
-            if not any(res.succeeded for res in results):
-                if not _still_running(server):
-                    raise _crashed(server)
-                raise EngineError(
-                    f"all {sum(map(len, windows))} requests failed; first: {results[0].records[0].error}",
-                    log_tail=server.log_tail(), log_path=str(log_path),
-                )
-            after = fetch_counters(server.base_url)
-            levels: list[LevelStats] = []
-            for level, level_prompts in sweep.items():
-                hook("measure", done, total)
-                level_before = fetch_counters(server.base_url)
-                res = run_load(server.base_url, model, level_prompts, workload, concurrency=level,
-                               progress=lambda d, t, done=done: hook("measure", done + d, total),
-                               timeout=window_timeout)
-                acc = (fetch_counters(server.base_url) - level_before).acceptance()
-                levels.append(level_stats(level, res, AcceptanceStats(**vars(acc)) if acc else None))
-                done += len(level_prompts)
+            run.warm_up()
+            results, acc = run.windows(windows)
+            levels = run.sweep(sweep)
         except TimeoutError as e:
             raise EngineTimeoutError(
                 f"measured window exceeded {window_timeout:.0f} s", log_tail=server.log_tail(),
@@ -200,10 +169,8 @@ def measure(
             raise
         if not server.is_running():
             raise _crashed(server)
-        acc = (after - before).acceptance()
         m = summarize(
-            results, spec=spec, engine=server.args, workload=workload,
-            acceptance=AcceptanceStats(**vars(acc)) if acc else None,
+            results, spec=spec, engine=server.args, workload=workload, acceptance=acc,
             command=server.command, log_path=str(log_path), started_at=started_at,
             startup_seconds=server.startup_seconds or 0.0,
             peak_memory_bytes=server.peak_memory_bytes(),
@@ -213,6 +180,63 @@ def measure(
             assert headline is not None
             m.levels = sorted([headline, *levels], key=lambda lv: lv.concurrency)
         return m
+
+
+class _Run:
+    """The requests of one trial on its healthy engine: warm-up, headline windows, sweep levels."""
+
+    def __init__(self, server: VLLMServer, workload: WorkloadSpec, hook: TrialHook, timeout: float | None,
+                 total: int) -> None:
+        self.server = server
+        self.model = server.served_model_name
+        self.workload = workload
+        self.hook = hook
+        self.timeout = timeout
+        self.total = total
+        self.done = 0
+
+    def _load(self, prompts: Sequence[Prompt], concurrency: int | None = None) -> LoadResult:
+        done = self.done
+        self.hook("measure", done, self.total)
+        result = run_load(self.server.base_url, self.model, prompts, self.workload, concurrency=concurrency,
+                          progress=lambda d, t: self.hook("measure", done + d, self.total), timeout=self.timeout)
+        self.done += len(prompts)
+        return result
+
+    def warm_up(self) -> None:
+        """Neutral requests, before the counters are read: not measured."""
+        if self.workload.warmup_requests:
+            warm = warmup_prompts(self.workload.warmup_requests)
+            self.hook("warmup", 0, len(warm))
+            run_load(self.server.base_url, self.model, warm, self.workload, concurrency=1, timeout=self.timeout)
+
+    def windows(self, windows: Sequence[Sequence[Prompt]]) -> tuple[list[LoadResult], AcceptanceStats | None]:
+        """The headline windows and the acceptance the engine's counters say over them.
+
+        Raises:
+            EngineError: every request failed (the engine crashed, or refuses them).
+        """
+        before = fetch_counters(self.server.base_url)
+        results = [self._load(window) for window in windows]
+        if not any(res.succeeded for res in results):
+            if not _still_running(self.server):
+                raise _crashed(self.server)
+            raise EngineError(
+                f"all {sum(map(len, windows))} requests failed; first: {results[0].records[0].error}",
+                log_tail=self.server.log_tail(), log_path=str(self.server.log_path),
+            )
+        acc = (fetch_counters(self.server.base_url) - before).acceptance()
+        return results, AcceptanceStats(**vars(acc)) if acc else None
+
+    def sweep(self, sweep: dict[int, list[Prompt]]) -> list[LevelStats]:
+        """Each other concurrency level of a sweep, on prompts and counters of its own."""
+        levels = []
+        for level, prompts in sweep.items():
+            before = fetch_counters(self.server.base_url)
+            res = self._load(prompts, concurrency=level)
+            acc = (fetch_counters(self.server.base_url) - before).acceptance()
+            levels.append(level_stats(level, res, AcceptanceStats(**vars(acc)) if acc else None))
+        return levels
 
 
 def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:

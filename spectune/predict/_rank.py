@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spectune.config import Method, SpecConfig
@@ -47,8 +47,8 @@ from spectune.predict._measured import (
 )
 from spectune.predict._prediction import Prediction
 from spectune.predict._replay import (
+    DraftReplays,
     ReplayAcceptance,
-    cached_draft_guesses,
     replay_draft,
     replay_ngram,
     replay_suffix,
@@ -112,7 +112,7 @@ class _Accept:
     note: str = ""
 
 
-def _replay(spec: SpecConfig, baseline: Measurement) -> ReplayAcceptance | None:
+def _replay(spec: SpecConfig, baseline: Measurement, drafts: DraftReplays) -> ReplayAcceptance | None:
     has_ids = any(r.ok and r.token_ids and r.prompt_token_ids is not None for r in baseline.requests)
     if not has_ids:
         return None
@@ -130,7 +130,7 @@ def _replay(spec: SpecConfig, baseline: Measurement) -> ReplayAcceptance | None:
             min_token_prob=float(p["suffix_decoding_min_token_prob"]), max_model_len=max_len,
         )
     if spec.method is Method.DRAFT_MODEL and k and spec.model:
-        guesses = cached_draft_guesses(baseline.requests, spec.model, dtype=baseline.engine.dtype)
+        guesses = drafts.guesses(baseline.requests, spec.model, dtype=baseline.engine.dtype)
         return replay_draft(guesses, k, max_model_len=max_len) if guesses is not None else None
     return None
 
@@ -176,13 +176,13 @@ def _prior(spec: SpecConfig, k: int) -> _Accept:
 
 
 def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Measurement],
-                replays: dict[str, ReplayAcceptance | None], learned: LearnedAcceptance | None = None,
-                features: Mapping[str, float] | None = None) -> _Accept:
+                replays: dict[str, ReplayAcceptance | None], drafts: DraftReplays,
+                learned: LearnedAcceptance | None = None, features: Mapping[str, float] | None = None) -> _Accept:
     k = effective_k(spec) or 1
     if spec.method in (Method.NGRAM, Method.SUFFIX, Method.DRAFT_MODEL):
         key = spec.model_dump_json()
         if key not in replays:
-            replays[key] = _replay(spec, baseline)
+            replays[key] = _replay(spec, baseline, drafts)
         rep = replays[key]
         if rep is not None:
             note = f"{rep.num_drafts} drafts over {rep.num_requests} requests" + (
@@ -237,8 +237,12 @@ def predict_candidates(
     maximize: bool = True,
     learned: LearnedAcceptance | None = None,
     features: Mapping[str, float] | None = None,
+    drafts: DraftReplays | None = None,
 ) -> list[Prediction]:
     """Predict each of ``candidates`` from the baseline and the measured trials; best first.
+
+    ``drafts`` keeps the draft models' offline runs between calls (a new one for this call
+    when None: a draft is then run again).
 
     ``measured`` are the study's speculative measurements (the cost model is fitted on them and
     truncation reads them). Baseline candidates are skipped. ``learned`` (with the study's
@@ -259,11 +263,12 @@ def predict_candidates(
         p for m in measured if (p := CostPoint.from_measurement(m, throughput_of=baseline)) is not None])
     base_value, scale = _objective_scaler(objective, baseline)
     replays: dict[str, ReplayAcceptance | None] = {}
+    drafts = drafts if drafts is not None else DraftReplays()
     out: list[Prediction] = []
     for spec in candidates:
         if spec.is_baseline:
             continue
-        acc = _acceptance(spec, baseline, measured, replays, learned, features)
+        acc = _acceptance(spec, baseline, measured, replays, drafts, learned, features)
         tpot = cost.predict_tpot(spec, acc.tokens, acc.profile.drafted_per_step)
         per_token = cost_thr.predict_tpot(spec, acc.tokens, acc.profile.drafted_per_step)
         throughput = Estimate(cost_thr.throughput(per_token.value), cost_thr.throughput(per_token.high),
@@ -296,12 +301,14 @@ class StudyInputs:
     maximize: bool
     features: dict[str, float]
     learned: LearnedAcceptance | None
+    drafts: DraftReplays = field(default_factory=DraftReplays)
+    """The draft models' offline runs, kept by whoever predicts again and again (guided search)."""
 
     def predict(self, candidates: Sequence[SpecConfig] | None = None) -> list[Prediction]:
         """Predictions of ``candidates`` (default: every unmeasured one), best first."""
         return predict_candidates(self.candidates if candidates is None else candidates, self.baseline,
                                   self.measured, objective=self.objective, maximize=self.maximize,
-                                  learned=self.learned, features=self.features)
+                                  learned=self.learned, features=self.features, drafts=self.drafts)
 
     def concurrency_model(self) -> ConcurrencyModel | None:
         """How the study's trials scale with the batch; None unless its baseline swept two levels

@@ -35,10 +35,13 @@ from typing import TYPE_CHECKING, Protocol
 from spectune.predict._acceptance import AcceptanceProfile
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from spectune.counters import Acceptance
 
-__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DRAFT_REPLAY_SPREAD", "DraftGuesses", "ReplayAcceptance", "ReplayRequest", "cached_draft_guesses",
-           "draft_guesses", "replay_draft", "replay_ngram", "replay_suffix", "suffix_available"]
+__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DRAFT_REPLAY_SPREAD", "DraftGuesses", "DraftReplays", "ReplayAcceptance",
+           "ReplayRequest", "draft_guesses", "ngram_proposal", "replay_draft", "replay_ngram", "replay_suffix",
+           "suffix_available"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +190,28 @@ def _pairs(requests: Iterable[ReplayRequest]) -> list[tuple[list[int], list[int]
     return out
 
 
+def ngram_proposal(tokens: np.ndarray, min_n: int, max_n: int, max_model_len: int, k: int) -> np.ndarray:
+    """What vLLM's n-gram proposer drafts after ``tokens``: the tokens that followed the earliest
+    earlier occurrence of the longest suffix of ``tokens`` of ``min_n`` to ``max_n`` tokens, at
+    most ``k`` of them (fewer where ``max_model_len`` or the end of ``tokens`` comes first).
+
+    spectune's own implementation of vLLM's rule (``v1/spec_decode/ngram_proposer.py``, a KMP
+    search over the reversed tokens); tests/test_replay.py checks that both draft the same."""
+    import numpy as np
+
+    total = int(tokens.shape[0])
+    k = min(k, max_model_len - total)
+    if total < min_n or k <= 0:
+        return tokens[:0]
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: total - 1], n)
+        found = np.flatnonzero((windows == tokens[total - n :]).all(axis=1))
+        if found.size:
+            start = int(found[0]) + n
+            return tokens[start : start + min(k, total - start)]
+    return tokens[:0]
+
+
 def replay_ngram(
     requests: Iterable[ReplayRequest],
     k: int,
@@ -195,10 +220,8 @@ def replay_ngram(
     *,
     max_model_len: int | None = None,
 ) -> ReplayAcceptance:
-    """What vLLM's n-gram proposer (``method: ngram``) drafts and has accepted on these outputs.
-
-    Calls vLLM's own ``_find_longest_matched_ngram_and_propose_tokens`` (numba; compiled on
-    first use). Requests without token ids, or failed, are skipped.
+    """What vLLM's n-gram proposer (``method: ngram``) drafts and has accepted on these outputs
+    (:func:`ngram_proposal` at every step). Requests without token ids, or failed, are skipped.
 
     Raises:
         ValueError: ``k < 1`` or an empty or inverted lookup window.
@@ -208,9 +231,6 @@ def replay_ngram(
     if not 1 <= prompt_lookup_min <= prompt_lookup_max:
         raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {prompt_lookup_min}..{prompt_lookup_max}")
     import numpy as np
-    from vllm.v1.spec_decode.ngram_proposer import (
-        _find_longest_matched_ngram_and_propose_tokens as propose,
-    )
 
     limit = max_model_len or UNLIMITED_MODEL_LEN
     tally = _Tally(k)
@@ -220,7 +240,7 @@ def replay_ngram(
         n = 1 if output else 0
         while n < len(output):
             total = len(prompt) + n
-            draft = propose(tokens[:total], prompt_lookup_min, prompt_lookup_max, limit, k) if total < limit else ()
+            draft = ngram_proposal(tokens[:total], prompt_lookup_min, prompt_lookup_max, limit, k) if total < limit else ()
             n += tally.step(draft, output, n)
     return tally.result()
 
@@ -350,13 +370,8 @@ and the engine's kernels can move (near ties between the draft's top tokens; the
 difference seen, 1.6 % of acceptance length, was on SmolLM2 in bfloat16)."""
 
 DRAFT_REPLAY_MAX_BYTES = 4 * 2**30
-"""Largest draft (weights on disk) that :func:`cached_draft_guesses` runs on the CPU: about 2B
+"""Largest draft (weights on disk) that :class:`DraftReplays` runs on the CPU: about 2B
 parameters in bfloat16 (its forward passes grow with its size and the study's output tokens)."""
-
-_GUESSES: dict[tuple[str, str, int], DraftGuesses] = {}
-_GUESSES_KEPT = 8
-_REFUSED: set[tuple[str, str]] = set()  # (draft, dtype) that did not run: not tried again
-
 
 def _local_weights(model: str) -> Path | None:
     """The folder holding ``model``'s weights: the path itself, or its snapshot in the Hugging
@@ -372,41 +387,51 @@ def _local_weights(model: str) -> Path | None:
         return None
 
 
-def cached_draft_guesses(requests: Sequence[ReplayRequest], model: str, *,
-                         dtype: str | None = None) -> DraftGuesses | None:
-    """:func:`draft_guesses`, kept per draft, dtype and outputs for the life of the process
-    (guided search predicts again after every trial); None when the draft is not on this machine
-    (asked again next time), or, logged once per draft and dtype, when it is larger than
-    :data:`DRAFT_REPLAY_MAX_BYTES` or does not load or run. Predictions then fall back to the
-    draft's measured trials, the learned model or the prior."""
-    pairs = _pairs(requests)
-    key = (model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
-    if key in _GUESSES:
-        return _GUESSES[key]
-    if key[:2] in _REFUSED:
-        return None
-    folder = _local_weights(model)
-    if folder is None:  # not remembered: the first draft trial's engine may download it
-        logger.info("draft %s is not replayed offline: its weights are not on this machine", model)
-        return None
-    try:
-        size = sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
-        if size > DRAFT_REPLAY_MAX_BYTES:
-            why = (f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB "
-                   "to run on the CPU")
-            guesses = None
-        else:
-            guesses = draft_guesses(requests, str(folder), dtype=dtype)
-    except Exception as exc:  # noqa: BLE001 - any checkpoint transformers cannot run: no replay, logged
-        why, guesses = f"it did not load or run in transformers ({type(exc).__name__}: {exc})", None
-    if guesses is None:
-        _REFUSED.add(key[:2])
-        logger.warning("draft %s is not replayed offline: %s", model, why)
-        return None
-    if len(_GUESSES) >= _GUESSES_KEPT:
-        _GUESSES.pop(next(iter(_GUESSES)))
-    _GUESSES[key] = guesses
-    return guesses
+class DraftReplays:
+    """:func:`draft_guesses`, kept per draft, dtype and outputs while the owner lives (guided
+    search predicts again after every trial: a worker's search keeps one), and the drafts that
+    would not run, not tried again. Not thread-safe: one owner."""
+
+    KEPT = 8
+    """Guesses kept at most (the oldest is dropped first)."""
+
+    def __init__(self) -> None:
+        self._guesses: dict[tuple[str, str, int], DraftGuesses] = {}
+        self._refused: set[tuple[str, str]] = set()
+
+    def guesses(self, requests: Sequence[ReplayRequest], model: str, *, dtype: str | None = None) -> DraftGuesses | None:
+        """The draft's guesses along ``requests``; None when the draft is not on this machine
+        (asked again next time), or, logged once per draft and dtype, when it is larger than
+        :data:`DRAFT_REPLAY_MAX_BYTES` or does not load or run. Predictions then fall back to the
+        draft's measured trials, the learned model or the prior."""
+        pairs = _pairs(requests)
+        key = (model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
+        if key in self._guesses:
+            return self._guesses[key]
+        if key[:2] in self._refused:
+            return None
+        folder = _local_weights(model)
+        if folder is None:  # not remembered: the first draft trial's engine may download it
+            logger.info("draft %s is not replayed offline: its weights are not on this machine", model)
+            return None
+        try:
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
+            if size > DRAFT_REPLAY_MAX_BYTES:
+                why = (f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB "
+                       "to run on the CPU")
+                guesses = None
+            else:
+                guesses = draft_guesses(requests, str(folder), dtype=dtype)
+        except Exception as exc:  # noqa: BLE001 - any checkpoint transformers cannot run: no replay, logged
+            why, guesses = f"it did not load or run in transformers ({type(exc).__name__}: {exc})", None
+        if guesses is None:
+            self._refused.add(key[:2])
+            logger.warning("draft %s is not replayed offline: %s", model, why)
+            return None
+        if len(self._guesses) >= self.KEPT:
+            self._guesses.pop(next(iter(self._guesses)))
+        self._guesses[key] = guesses
+        return guesses
 
 
 def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = None) -> ReplayAcceptance:

@@ -10,6 +10,7 @@ from spectune._util import validate
 from spectune.errors import ConfigError
 from spectune.measurement import spec_key
 from spectune.predict import (
+    DraftReplays,
     LearnedAcceptance,
     StudyInputs,
     TrainingTrial,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["measured_trials", "predict_study", "study_inputs"]
 
 
-def study_inputs(view: StudyView, *, confirmations: bool = True) -> StudyInputs:
+def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftReplays | None = None) -> StudyInputs:
     """The unmeasured candidates of the study's space, its baseline (its mean over the engines
     that measured it, :func:`spectune.predict.mean_over_engines`: predictions move from the figures the choice
     compares with) and its measured trials.
@@ -35,6 +36,7 @@ def study_inputs(view: StudyView, *, confirmations: bool = True) -> StudyInputs:
     measured when a trial completed it or its engine failed on it (a trial interrupted, or
     abandoned by a dead worker, does not count). ``confirmations=False``: the measured
     trials without ``confirm``'s (:meth:`StudyView.measured_rows`), as guided search plans on them.
+    ``drafts``: the draft models' offline runs kept between calls (guided search keeps one).
 
     Raises:
         ConfigError: the study was not made by spectune, has no completed baseline, or its
@@ -65,7 +67,7 @@ def study_inputs(view: StudyView, *, confirmations: bool = True) -> StudyInputs:
     others = measured_trials(view.url, skip_study=view.name)  # this study's are loaded above
     learned = LearnedAcceptance.fit(others + [TrainingTrial(m, features) for m in measured])
     return StudyInputs(candidates, baseline, measured, view.objectives[0], view.maximize,
-                       features, learned)
+                       features, learned, drafts if drafts is not None else DraftReplays())
 
 
 def predict_study(view: StudyView) -> list[Prediction]:

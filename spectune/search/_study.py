@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
 from spectune.measurement import RECHECK_BEST, RECHECK_SURPRISE, TrialRecord, spec_key
+from spectune.predict import DraftReplays
 from spectune.search._base import (
     Decision,
     Run,
@@ -47,6 +48,7 @@ from spectune.storage import MeasurementStore
 if TYPE_CHECKING:
     import optuna
 
+    from spectune.results import Engines, StudyView
     from spectune.space import SearchSpace
 
 __all__ = ["StudyStrategy", "count_candidates", "measured_again", "params_key"]
@@ -95,6 +97,7 @@ class StudyStrategy(SearchStrategy):
         self.guided = sampler == "guided" and objectives == 1 and self.candidates is not None
         self.grid = sampler == "grid"
         self.on_guide_stop = on_guide_stop
+        self.drafts = DraftReplays()  # the drafts' offline runs, kept while this search lives
         self._stop_reported = False
         if sampler == "guided" and not self.guided:
             _logger.info("guided search needs one objective and a space that can be listed; using %s",
@@ -170,7 +173,7 @@ class StudyStrategy(SearchStrategy):
         there is nothing to predict from and the sampler chooses.
         """
         from spectune.predict import plan_next
-        from spectune.results import StudyView, engine_spread
+        from spectune.results import StudyView
 
         view = StudyView(study, self.store, self.url)
         if view.baseline() is None:
@@ -179,20 +182,12 @@ class StudyStrategy(SearchStrategy):
             return Run(None, why="no baseline to predict from: the sampler chooses")
         if (recheck := self._recheck_surprise(trials)) is not None:  # before anything is fitted on that one engine
             return recheck
-        inputs = study_inputs(view, confirmations=False)  # the search plans on its own measurements
+        inputs = study_inputs(view, confirmations=False, drafts=self.drafts)  # the search plans on its own measurements
         busy = {t.rec.spec_key for t in trials if t.in_flight}  # other workers' candidates
         todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
         if not todo:
             return Wait("every candidate left is running on another worker") if inputs.candidates else None
-        sign = 1.0 if inputs.maximize else -1.0
-        # the best measured (mean over its engines), at the low end of its noise: one lucky window,
-        # or one lucky engine once engines are known to differ, does not end the search
-        engines = view.engines(confirmations=False)  # measured once: noise at least the engines' spread
-        spread = engine_spread(engines)
-        feasible = [c for c in engines if c.feasible]
-        lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
-        best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf  # none feasible yet: all could beat it
-        top = max(feasible, key=lambda c: sign * c.value) if feasible else None  # what the study would choose
+        best, top, spread = _best_measured(view, inputs.maximize)
         step = sum(1 for t in trials if t.rec.guided and t.rec.retry_of is None)
         # its best measured again before stopping, and the search goes on: no guided pick since then
         rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
@@ -276,3 +271,20 @@ class StudyStrategy(SearchStrategy):
         first = todo[0].row.number
         return Run(by_number[first].params, TrialRecord(confirms=first), why=f"confirming trial {first} on a fresh engine",
                    progress=(finished + confirmed + 1, finished + confirmed + len(todo)))
+
+
+def _best_measured(view: StudyView, maximize: bool) -> tuple[float, Engines | None, float | None]:
+    """What guided search compares its candidates with: the best measured value (mean over its
+    engines) at the low end of its noise, so that one lucky window, or one lucky engine once
+    engines are known to differ, does not end the search (-inf for a maximised objective while
+    nothing is feasible: anything could beat it); the configuration the study would choose; and
+    the engines' spread (:func:`spectune.results.engine_spread`)."""
+    from spectune.results import engine_spread
+
+    sign = 1.0 if maximize else -1.0
+    engines = view.engines(confirmations=False)  # measured once: noise at least the engines' spread
+    feasible = [c for c in engines if c.feasible]
+    lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
+    best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf
+    top = max(feasible, key=lambda c: sign * c.value) if feasible else None
+    return best, top, engine_spread(engines)
