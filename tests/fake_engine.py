@@ -5,6 +5,7 @@ vLLM's HTTP protocol (``/health``, ``/metrics``, ``/v1/completions``, streamed w
 
 Behaviours:
 - ``hang`` accepts completion requests and never answers.
+- ``fail`` exits at once with an error line, as an engine that cannot load its model.
 - ``serve`` answers every request with ``max_tokens`` tokens, one chunk each, ``FAKE_ENGINE_TOKEN_MS``
   (default 5) milliseconds apart, and counts them in ``vllm:generation_tokens_total``. Before it
   answers its health check it writes its command line, environment and start time as JSON to
@@ -49,6 +50,9 @@ def main() -> None:
     parser.add_argument("--behaviour", default=os.environ.get("FAKE_ENGINE_BEHAVIOUR", "hang"))
     args, _ = parser.parse_known_args()
     token_seconds = float(os.environ.get("FAKE_ENGINE_TOKEN_MS", "5")) / 1000.0
+    if args.behaviour == "fail":
+        print(f"OSError: {args.model} does not appear to have a file named config.json", flush=True)
+        raise SystemExit(1)
     busy = int(os.environ.get("FAKE_ENGINE_BUSY_STARTS", "0"))
     if busy and (folder := os.environ.get("FAKE_ENGINE_RECORD")):
         count = Path(folder) / "busy-starts"

@@ -10,7 +10,9 @@ from spectune.predict import DraftReplays, ngram_proposal
 
 
 def _vllm_ngram():  # noqa: ANN202
-    from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens,
+    )
 
     return _find_longest_matched_ngram_and_propose_tokens
 
