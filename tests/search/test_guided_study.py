@@ -1,0 +1,254 @@
+"""Guided search as a study runs it on the recorded landscape: rechecks, resumes, budgets, and fewer trials than
+the grid."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from landscape_runs import landscape_values, second_engine, slow_once
+from rich.console import Console
+
+from spectune._progress import render_study
+from spectune.config import SpecConfig
+from spectune.landscape import Landscape
+from spectune.measurement import RECHECK_BEST, RECHECK_SURPRISE, Measurement
+from spectune.results import open_study
+from spectune.worker import run_study
+
+
+def test_a_guided_pick_far_below_its_prediction_is_measured_again_first(landscape: Landscape, tmp_path: Path) -> None:
+    values = landscape_values(landscape)
+    plain: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'p.db'}", study_name="plain", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(plain))
+    pick = plain[1][0]  # the first guided pick, measured on a normal engine: within its interval
+    view = open_study(config.storage, "plain")
+    assert [r.recheck_reason for r in view.rows if r.confirms is not None] == [RECHECK_BEST]  # none a surprise
+
+    # the same pick on an engine at 0.4x: measured again at once, Ctrl-C there, then resumed
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "study_name": "slow"})
+    spent: list[tuple[str, float]] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, measure_fn=slow_once(landscape, pick, spent, interrupt_after=True))
+    assert [label for label, _ in spent] == ["none", pick]
+    run_study(config, measure_fn=landscape.measurer(spent))
+    measured = [label for label, _ in spent]
+    assert measured[:3] == ["none", pick, pick]  # again before any other pick
+    view = open_study(config.storage, "slow")
+    again = [r for r in view.rows if r.recheck_reason == RECHECK_SURPRISE and r.state == "COMPLETE"]
+    assert again[0].recheck and again[0].label == pick
+    first = next(r for r in view.rows if r.number == again[0].confirms)
+    assert first.values == pytest.approx([values[pick] * 0.4]) and first.predicted is not None
+    assert first.values[0] < (first.predicted or 0.0)
+    assert "outside its predicted interval" in again[0].note
+    engines = next(c for c in view.engines() if c.row.label == pick)
+    assert engines.values == pytest.approx([values[pick] * 0.4, values[pick]])
+    # a re-measurement is not a confirmation: every configuration still competes, on its mean
+    choice = view.best()
+    top = max((c for c in view.engines() if c.feasible and not c.row.is_baseline), key=lambda c: c.value)
+    assert not choice.is_baseline and choice.row.label == top.row.label != pick
+    assert any(len(c.values) == 1 for c in view.engines()) and "confirmed" not in choice.reason
+    best = max(values.values())
+    assert {lb for lb in measured if values[lb] >= 0.98 * best}, "the search still reached the best"
+    twice = [r.label for r in view.rows if r.confirms is not None and r.state == "COMPLETE"]
+    assert len(set(measured)) == len(measured) - len(twice) and len(set(twice)) == len(twice)  # none thrice
+
+
+def test_the_last_guided_pick_is_measured_again_past_the_trial_budget(landscape: Landscape, tmp_path: Path) -> None:
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'b.db'}", study_name="budget", sampler="guided",
+                              trials=2, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(spent))
+    pick = spent[1][0]
+    spent.clear()
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}"})
+    events: list = []
+    result = run_study(config, measure_fn=slow_once(landscape, pick, spent), progress=events.append)
+    assert [label for label, _ in spent] == ["none", pick, pick]
+    assert result.measured == 3
+    ends = [(e.number, e.total, e.label) for e in events if e.kind == "trial_end"]
+    assert ends == [(1, 2, "none"), (2, 2, pick), (2, 2, pick)]  # the re-measurement counts no new candidate
+    # the best so far includes the trial finishing, each configuration at its mean over its engines
+    values = landscape_values(landscape)
+    slow, mean = values[pick] * 0.4 / values["none"], values[pick] * 0.7 / values["none"]
+    assert slow < 1 < mean  # slower than the baseline on its first engine, faster on its mean
+    best = [(e.best_label, e.best_speedup) for e in events if e.kind == "trial_end"]
+    assert best == [("none", pytest.approx(1.0)), ("none", pytest.approx(1.0)), (pick, pytest.approx(mean))]
+    view = open_study(config.storage, "budget")
+    assert [r.recheck for r in view.rows] == [False, False, True]
+
+
+def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_engines_differ(
+        landscape: Landscape, tmp_path: Path) -> None:
+    from spectune.results import engine_spread
+
+    values = landscape_values(landscape)
+    plain: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'p.db'}", study_name="plain", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(plain))
+    first = [label for label, _ in plain]
+    top = first[-1]  # its best, measured again: the same recorded start, so the search stops
+    assert first.count(top) == 2 and len(set(first)) == len(first) - 1
+    # the same search where a second engine runs 0.75x as fast: the engines differ by 20 %
+    spent: list[tuple[str, float]] = []
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "study_name": "spread"})
+    run_study(config, measure_fn=second_engine(landscape, 0.75, spent))
+    measured = [label for label, _ in spent]
+    assert measured[: len(first)] == first  # the same course until its best was measured again
+    assert len(set(measured)) > len(set(first)), "a 20 % spread between engines keeps more candidates alive"
+    view = open_study(config.storage, "spread")
+    again = next(r for r in view.rows if r.confirms is not None)
+    assert again.label == top and again.recheck_reason == RECHECK_BEST and "the best when the search would stop" in again.note
+    # its lead contested, the search's next pick is the most promising (an odd step: it would
+    # otherwise have been the most uncertain)
+    trials = view.study.get_trials(deepcopy=False)
+    rechecked = next(t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST)
+    after = next(t for t in trials if t.number > rechecked and "guide_reason" in t.user_attrs)
+    assert after.user_attrs["guide_reason"] == "promising" and after.user_attrs["guide_step"] % 2 == 1
+    engines = view.engines(confirmations=False)
+    spread = view.study.user_attrs["guide"]["engine_spread"]
+    twice = [c for c in engines if len(c.values) > 1]
+    assert spread == pytest.approx(engine_spread(engines)) and spread >= 0.75 * 0.25 / math.sqrt(2)
+    assert all(c.values[1] == pytest.approx(0.75 * c.values[0]) for c in twice)
+    # each configuration measured once is as uncertain as engines differ: the search stopped on the
+    # low ends, and the choice's noise band holds the baseline's engine too
+    once = [c for c in engines if len(c.values) == 1]
+    assert all(c.noise == pytest.approx(max(c.row.noise or 0.02, spread)) for c in once)
+    lows = [c.value * (1 - c.noise) for c in engines if c.feasible]
+    assert view.study.user_attrs["guide"]["best_measured"] == pytest.approx(max(lows))
+    choice = view.best()
+    assert choice.row.label in {lb for lb in measured if values[lb] >= 0.9 * max(values.values())}
+    base = next(c for c in engines if c.row.is_baseline)
+    chosen = next(c for c in engines if c.row.number == choice.row.number)
+    assert len(base.values) == 1 and base.noise >= spread
+    assert choice.noise_band == pytest.approx(chosen.noise + base.noise)
+    console = Console(record=True, width=300, color_system=None)
+    render_study(view, console)
+    assert f"Engine starts of one configuration differ by {spread:.1%}" in console.export_text()
+    # the choice carries it into the provenance and the report
+    from spectune.export import export_best
+    from spectune.report import write_report
+
+    assert choice.engine_spread == pytest.approx(spread)
+    out = export_best(view, tmp_path / "best.yaml")
+    assert json.loads(out.provenance_path.read_text())["engine_spread"] == pytest.approx(spread)
+    for fmt in ("md", "html"):
+        page = write_report(view, tmp_path / f"report.{fmt}", fmt).read_text()  # type: ignore[arg-type]
+        assert f"Engine starts of one configuration differ by {spread:.1%}" in page
+
+
+def test_the_best_measured_again_before_the_stop_is_measured_once_after_ctrl_c(landscape: Landscape, tmp_path: Path) -> None:
+    import optuna
+
+    spent: list[tuple[str, float]] = []
+    inner = landscape.measurer(spent)
+    calls: list[str] = []
+
+    def interrupted(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+        calls.append(spec.label())
+        if calls.count(spec.label()) == 2:  # the best, measured again before the search stops
+            raise KeyboardInterrupt
+        return inner(engine, spec, *args, **kwargs)
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'c.db'}", study_name="stop", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, measure_fn=interrupted)
+    top = calls[-1]
+    run_study(config, measure_fn=inner)
+    measured = [label for label, _ in spent]
+    assert measured.count(top) == 2 and len(set(measured)) == len(measured) - 1  # once more, nothing else again
+    view = open_study(config.storage, "stop")
+    again = [(r.state, r.fail_reason, r.recheck_reason) for r in view.rows if r.confirms is not None]
+    assert again == [("FAIL", "interrupted", RECHECK_BEST), ("COMPLETE", None, RECHECK_BEST)]
+    # a study of an earlier spectune stored a surprise's re-measurement as recheck=True
+    old = optuna.create_study(study_name="old", storage=config.storage)
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    for attrs in ({"config": "ngram k=2", "spec": spec}, {"config": "ngram k=2", "spec": spec, "confirms": 0, "recheck": True}):
+        old.add_trial(optuna.trial.create_trial(value=100.0, user_attrs=attrs))
+    row = open_study(config.storage, "old").rows[1]
+    assert row.recheck and row.recheck_reason == RECHECK_SURPRISE  # read as what it meant
+    assert row.note == "again on a fresh engine, as #0, outside its predicted interval"
+
+
+def test_a_guided_pick_interrupted_by_ctrl_c_keeps_its_prediction_on_resume(landscape: Landscape, tmp_path: Path) -> None:
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'a.db'}", study_name="retry", sampler="guided",
+                              trials=2, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(spent))
+    pick = spent[1][0]  # guided search is deterministic: its first pick
+    config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 'r.db'}"})
+    inner = landscape.measurer()
+
+    def interrupted(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+        if spec.label() == pick:
+            raise KeyboardInterrupt
+        return inner(engine, spec, *args, **kwargs)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, measure_fn=interrupted)
+    spent.clear()
+    run_study(config, measure_fn=slow_once(landscape, pick, spent))
+    # retried with its prediction, measured outside its interval: measured once more
+    assert [label for label, _ in spent] == [pick, pick]
+    rows = [r for r in open_study(config.storage, "retry").rows if r.label == pick]
+    assert [(r.state, r.recheck) for r in rows] == [("FAIL", False), ("COMPLETE", False), ("COMPLETE", True)]
+    assert rows[1].predicted == rows[0].predicted is not None
+
+
+def test_guided_search_finds_the_best_of_the_landscape_in_fewer_trials(landscape: Landscape, tmp_path: Path) -> None:
+    values = landscape_values(landscape)
+    best = max(values.values())
+    good = {label for label, v in values.items() if v >= 0.98 * best}
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'g.db'}", study_name="guided",
+                              sampler="guided", trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    result = run_study(config, measure_fn=landscape.measurer(spent))
+    measured = [label for label, _ in spent]
+    assert measured[0] == "none" and len(set(measured)) == len(measured) - 1
+    assert len(set(measured)) < len(landscape.points), "the guided search stopped before measuring everything"
+    assert good & set(measured), f"no config within 2% of the best ({sorted(good)}) among {measured}"
+    first_good = next(i for i, label in enumerate(measured) if label in good)
+    assert first_good + 1 < len(landscape.points) // 2
+    view = open_study(config.storage, "guided")
+    assert view.best().row.label in good and view.best().row.label == measured[-1]  # measured again before it stopped
+    again = [r for r in view.rows if r.confirms is not None]
+    assert [(r.label, r.recheck_reason) for r in again] == [(measured[-1], RECHECK_BEST)]
+    assert view.study.user_attrs["guide"]["engine_spread"] == 0.0  # one recorded start: the same answer
+    from spectune.report import render_markdown
+
+    assert view.best().engine_spread == 0.0 and "Engine starts" not in render_markdown(view)
+    guided = [t for t in view.study.trials if "guide_reason" in t.user_attrs]
+    assert len(guided) == len(measured) - 2  # every trial after the baseline was a guided pick, but the last
+    for t in guided:  # the prediction beside the measurement
+        assert t.user_attrs["predicted_low"] <= t.user_attrs["predicted_output_throughput"] <= t.user_attrs["predicted_high"]
+        assert t.values is not None and t.values[0] == pytest.approx(values[t.user_attrs["config"]])
+        assert t.user_attrs["prediction_source"] in {"replay", "truncation", "extrapolation", "learned", "prior"}
+    guide = view.study.user_attrs["guide"]
+    skipped = {s["config"] for s in guide["skipped"]}
+    assert skipped and not skipped & set(measured)
+    assert all(s["optimistic"] <= guide["best_measured"] * 1.02 for s in guide["skipped"])
+    assert len(skipped) + len(set(measured)) == len(landscape.points)
+    assert result.measured == len(measured)
+
+
+def test_a_sampler_suggesting_a_measured_candidate_reuses_it(landscape: Landscape, tmp_path: Path) -> None:
+    spent: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="random",
+                              sampler="random", seed=3, trials=12, log_dir=str(tmp_path / "logs"))
+    result = run_study(config, measure_fn=landscape.measurer(spent))
+    view = open_study(config.storage, "random")
+    trials = view.study.trials
+    dups = [t for t in trials if "duplicate_of" in t.user_attrs]
+    assert dups, "seed 3 draws some candidate twice in 12 trials"
+    assert result.reused == len(dups) and result.measured == len(spent) == 12  # reuse is free and not counted
+    for t in dups:
+        first = trials[t.user_attrs["duplicate_of"]]
+        assert first.user_attrs["spec_key"] == t.user_attrs["spec_key"] and "duplicate_of" not in first.user_attrs
+        assert t.values == first.values and t.user_attrs["config"] == first.user_attrs["config"]
+    assert len({t.user_attrs["spec_key"] for t in trials}) == len(spent)  # no candidate measured twice

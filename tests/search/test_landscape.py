@@ -1,0 +1,94 @@
+"""The recorded landscape the search tests replay: a real recording, its engine starts in turn, its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from landscape_runs import slower
+
+from spectune.config import Method, SpecConfig
+from spectune.landscape import Landscape
+from spectune.worker import run_study
+
+
+def test_the_landscape_is_a_real_recording_of_every_candidate(landscape: Landscape) -> None:
+    from spectune.space import load_space
+
+    config = landscape.config()
+    space = load_space(config.space).resolve(config.target, draft=config.draft)
+    assert len(landscape.points) == len(space.enumerate()) >= 30
+    assert {p.key for p in landscape.points} == {landscape.point(s).key for s in space.enumerate()}  # type: ignore[union-attr]
+    for p in landscape.points:
+        m = p.measurement
+        assert m is not None and m.versions.vllm and m.engine.model == config.target
+        assert p.engine_seconds > m.startup_seconds > 0
+        assert (m.acceptance is None) == (p.spec.get("method", "none") == "none")
+
+
+def test_a_landscape_with_several_engine_starts_replays_them_in_turn(landscape: Landscape) -> None:
+    from spectune.errors import ConfigError
+
+    two = Landscape.combine([landscape, slower(landscape, 0.5)])
+    assert len(two.points) == 2 * len(landscape.points)
+    assert all(len(engines) == 2 for engines in two.engines().values())
+    assert two.by_key() == landscape.by_key()  # the first start of each candidate
+    spec = SpecConfig(method=Method.SUFFIX, num_speculative_tokens=8)
+    first = landscape.value(landscape.point(spec), "output_throughput")  # type: ignore[arg-type]
+    spent: list[tuple[str, float]] = []
+    measure = two.measurer(spent)
+    got = [measure(None, spec).output_throughput for _ in range(3)]
+    assert got == pytest.approx([first, first * 0.5, first])
+    assert [label for label, _ in spent] == ["suffix k=8"] * 3
+    other = landscape.model_copy(update={"study_config": {**landscape.study_config,
+                                                          "workload": {"source": "mtbench"}}})
+    with pytest.raises(ConfigError, match="their workload differ"):
+        Landscape.combine([landscape, other])
+
+
+def test_landscape_load_errors_name_the_file(tmp_path: Path) -> None:
+    from spectune.errors import ConfigError
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\n  nope")
+    with pytest.raises(ConfigError, match=r"bad\.json: line 2: not JSON"):
+        Landscape.load(bad)
+    bad.write_text(json.dumps({"points": []}))
+    with pytest.raises(ConfigError, match=r"bad\.json"):
+        Landscape.load(bad)
+    with pytest.raises(ConfigError, match="cannot read the landscape"):
+        Landscape.load(tmp_path / "missing.json")
+
+
+def test_a_spaces_engine_section_reaches_every_trial_and_the_study_overrides_it(
+        landscape: Landscape, tmp_path: Path) -> None:
+    space = yaml.safe_load(Path(landscape.config().space).read_text())
+    space["methods"] = {"none": {}, "ngram": space["methods"]["ngram"]}
+    space["engine"] = {"max_num_seqs": 8, "max_model_len": 384}
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(yaml.safe_dump(space))
+    seen = []
+    replay = landscape.measurer()
+
+    def measure(engine, spec, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(engine)
+        return replay(engine, spec, *args, **kwargs)
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'e.db'}", study_name="engine", space=str(space_file),
+                              sampler="grid", trials=3, engine={"max_model_len": 256}, log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=measure)
+    assert len(seen) == 3
+    for engine in seen:
+        assert engine.max_num_seqs == 8  # from the space
+        assert engine.max_model_len == 256  # the study's own value wins
+        assert engine.model == config.target
+    # the space's engine section changed under the same study: its trials would not compare
+    from spectune.errors import ConfigError
+
+    space["engine"]["max_num_seqs"] = 16
+    space_file.write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError, match=r"another engine \(engine_args\.max_num_seqs 8 -> 16\)"):
+        run_study(config.model_copy(update={"trials": 4}), measure_fn=measure)
+    assert len(seen) == 3
