@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+FAKE_ENGINE = REPO / "tests" / "fake_engine.py"
+"""The stand-in engine: a real process speaking vLLM's HTTP protocol (tests/fake_engine.py)."""
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, group_is_gone, port_is_free, tiny_engine_args
+from conftest import FAKE_ENGINE, group_is_gone, port_is_free, tiny_engine_args
 
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.counters import fetch_counters
@@ -19,7 +19,7 @@ from spectune.engines import EngineServer, Platform, VLLMServer
 from spectune.errors import EngineStartError
 from spectune.load import run_load
 
-STAND_IN = Platform(name="stand-in", serve_command=(sys.executable, str(REPO / "tests" / "fake_engine.py"), "--model"))
+STAND_IN = Platform(name="stand-in", serve_command=(sys.executable, str(FAKE_ENGINE), "--model"))
 
 
 @dataclass

@@ -23,7 +23,7 @@ import optuna
 import psutil
 import pytest
 import yaml
-from conftest import REPO, group_is_gone, study_config
+from conftest import FAKE_ENGINE, REPO, group_is_gone, study_config
 
 from spectune.engines import Platform, VLLMServer
 from spectune.errors import ConfigError, StorageError
@@ -34,8 +34,7 @@ from spectune.study import create_study, join_study
 from spectune.trial import measure
 from spectune.worker import Slot, parse_gpus, run_study, run_worker
 
-HERE = Path(__file__).resolve().parent
-FAKE_SERVE = f"{sys.executable} {HERE / 'fake_engine.py'} --model"
+FAKE_SERVE = f"{sys.executable} {FAKE_ENGINE} --model"
 FAKE = Platform(name="fake", serve_command=tuple(FAKE_SERVE.split()))
 NGRAM_SPACE = ("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [1, 2, 3]\n"
                "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")

@@ -21,6 +21,7 @@ import psutil
 import pytest
 import yaml
 from conftest import (
+    FAKE_ENGINE,
     REPO,
     EngineTrace,
     assert_engine_gone,
@@ -38,8 +39,7 @@ from spectune.errors import EngineCrashedError, EngineError, EngineTimeoutError
 from spectune.trial import measure
 from spectune.workloads import load_prompts
 
-HERE = Path(__file__).resolve().parent
-FAKE = Platform(name="fake", serve_command=(sys.executable, str(HERE / "fake_engine.py"), "--model"))
+FAKE = Platform(name="fake", serve_command=(sys.executable, str(FAKE_ENGINE), "--model"))
 NGRAM = SpecConfig(method=Method.NGRAM, num_speculative_tokens=2, prompt_lookup_min=1, prompt_lookup_max=3)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from conftest import LANDSCAPE, REPO
 
 from spectune.export import export_best
 from spectune.landscape import Landscape, LandscapePoint
@@ -23,9 +24,6 @@ from spectune.results import open_study
 from spectune.storage import DEFAULT_STORAGE, resolve_storage_url
 from spectune.study import StudyConfig
 from spectune.worker import run_study
-
-REPO = Path(__file__).resolve().parent.parent
-LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny_one_start.json"
 
 
 @pytest.fixture(scope="module")
