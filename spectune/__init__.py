@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
     from spectune.errors import ConfigError, EngineError, SpectuneError, StorageError
     from spectune.export import export_best
-    from spectune.measurement import SLO, Measurement, Objective, TrialRecord
+    from spectune.measurement import SLO, Measurement, Objective
+    from spectune.records import TrialRecord
     from spectune.results import Choice, StudyView, open_study
     from spectune.space import SearchSpace, load_space
     from spectune.study import StudyConfig, create_study, join_study, load_study_config
@@ -58,7 +59,7 @@ _PUBLIC = {
     "Measurement": ("spectune.measurement", "Measurement"),
     "Objective": ("spectune.measurement", "Objective"),
     "SLO": ("spectune.measurement", "SLO"),
-    "TrialRecord": ("spectune.measurement", "TrialRecord"),
+    "TrialRecord": ("spectune.records", "TrialRecord"),
     "SpectuneError": ("spectune.errors", "SpectuneError"),
     "ConfigError": ("spectune.errors", "ConfigError"),
     "EngineError": ("spectune.errors", "EngineError"),

@@ -17,7 +17,6 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from spectune.measurement import Measurement
     from spectune.results import StudyView
     from spectune.study import StudyContext
     from spectune.worker import Slot
@@ -307,14 +306,8 @@ def predict(
     title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
     Console().print(predictions_table(predictions[:top], title=title))
     if levels:
-        from spectune.predict import measured_prediction
-
         model = inputs.concurrency_model()
-        engines: dict[str, list[Measurement]] = {}  # one row per configuration: its mean over its engines
-        for m in inputs.measured:
-            engines.setdefault(m.spec.label(), []).append(m)
-        measured = [p for ms in engines.values() if (p := measured_prediction(ms, inputs.objective)) is not None]
-        shown = [*measured, *predictions[:top]]  # the measured ones too: how would they do elsewhere?
+        shown = [*inputs.measured_predictions(), *predictions[:top]]  # the measured ones too, moved elsewhere
         scaled = inputs.at_concurrency(shown, levels, model)  # refuses a study without a sweep
         assert model is not None
         Console().print(levels_table(shown, scaled, title=(

@@ -29,7 +29,8 @@ from pydantic import Field
 from spectune._util import StrictModel, atomic_write_text, validate
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError, EngineError
-from spectune.measurement import Measurement, TrialRecord, spec_key
+from spectune.measurement import Measurement, spec_key
+from spectune.records import TrialRecord
 
 if TYPE_CHECKING:
     from spectune.results import StudyView

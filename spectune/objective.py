@@ -14,14 +14,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from spectune.errors import EngineError
-from spectune.measurement import (
-    INTERRUPTED,
-    TrialRecord,
-    relative_noise,
-    spec_key,
-    speedup,
-    write_fields,
-)
+from spectune.measurement import relative_noise, spec_key, speedup
+from spectune.records import INTERRUPTED, TrialRecord, write_fields
 from spectune.search import Snapshot
 from spectune.storage import MeasurementStore
 from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs

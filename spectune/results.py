@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
-from spectune.measurement import NOISE_FLOOR, TrialRecord, spec_key, speedup
+from spectune.measurement import NOISE_FLOOR, spec_key, speedup
+from spectune.records import TrialRecord
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
 
 if TYPE_CHECKING:

@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spectune.errors import ConfigError, EngineError
-from spectune.measurement import (
+from spectune.measurement import spec_key
+from spectune.objective import TrialFunction, progress_of, trial_id
+from spectune.records import (
     INTERRUPTED,
     RECORD_VERSION,
     Placement,
     TrialRecord,
-    spec_key,
     write_fields,
 )
-from spectune.objective import TrialFunction, progress_of, trial_id
 from spectune.search import (
     Run,
     SearchStrategy,

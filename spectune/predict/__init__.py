@@ -26,15 +26,24 @@ from spectune.predict._concurrency import (
 from spectune.predict._cost import (
     COST_PRIORS,
     CostModel,
-    CostPoint,
     Estimate,
     ProposerCost,
-    at_typical_speed,
-    engine_gauge_ms,
-    engine_speeds,
     fit_cost,
     fit_cost_model,
     gauge_weight,
+)
+from spectune.predict._draft_replay import (
+    DRAFT_REPLAY_SPREAD,
+    DraftGuesses,
+    DraftReplays,
+    draft_guesses,
+    replay_draft,
+)
+from spectune.predict._gauge import (
+    CostPoint,
+    at_typical_speed,
+    engine_gauge_ms,
+    engine_speeds,
 )
 from spectune.predict._guide import (
     DEFAULT_MARGIN,
@@ -58,14 +67,9 @@ from spectune.predict._rank import (
     predict_candidates,
 )
 from spectune.predict._replay import (
-    DRAFT_REPLAY_SPREAD,
-    DraftGuesses,
-    DraftReplays,
     ReplayAcceptance,
     ReplayRequest,
-    draft_guesses,
     ngram_proposal,
-    replay_draft,
     replay_ngram,
     replay_suffix,
     suffix_available,

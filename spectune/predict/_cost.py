@@ -57,13 +57,18 @@ from typing import TYPE_CHECKING
 
 from spectune.config import Method, SpecConfig
 from spectune.errors import ConfigError
-from spectune.predict._measured import effective_k, measured_profile
+from spectune.predict._gauge import (
+    CostPoint,
+    at_typical_speed,
+    brought_to_speed,
+    gauged_speeds,
+)
+from spectune.predict._measured import effective_k
 
 if TYPE_CHECKING:
-    from spectune.measurement import Measurement
+    pass
 
-__all__ = ["COST_PRIORS", "CostModel", "CostPoint", "Estimate", "ProposerCost", "at_typical_speed", "engine_gauge_ms",
-           "engine_speed", "engine_speeds", "fit_cost", "fit_cost_model", "gauge_weight"]
+__all__ = ["COST_PRIORS", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model", "gauge_weight"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -89,89 +94,6 @@ REL_NOISE = 0.02
 """Relative noise of one measured TPOT (as :data:`spectune.results.NOISE_FLOOR`)."""
 
 
-@dataclass(frozen=True)
-class CostPoint:
-    """One measured speculative trial, reduced to what the cost model fits."""
-
-    method: Method
-    model: str | None
-    k: int
-    tpot_ms: float
-    tokens_per_step: float
-    label: str = ""
-    drafted: float | None = None
-    """Drafted tokens per step (``d``); None means ``k``."""
-    noise: float = 0.0
-    """Relative noise of this trial's TPOT (spread of its windows)."""
-    gauge_ms: float | None = None
-    """How long this trial's engine took for what no configuration of its proposer changes (the
-    median TTFT at concurrency 1); None where no such gauge is known."""
-
-    @property
-    def d(self) -> float:
-        return self.drafted if self.drafted is not None and self.drafted > 0 else float(self.k)
-
-    @classmethod
-    def from_measurement(cls, m: Measurement, *, throughput_of: Measurement | None = None) -> CostPoint | None:
-        """The point of a speculative measurement; None for the baseline or without TPOT or counters.
-
-        With ``throughput_of`` (the baseline), the time per token is the throughput-equivalent
-        one, ``t0 * baseline throughput / throughput``: a cost model fitted on such points
-        predicts output throughput, prefill and scheduling included, rather than TPOT.
-        """
-        spec = m.spec
-        profile = measured_profile(m)
-        k = effective_k(spec)
-        if spec.is_baseline or profile is None or m.tpot_ms.median is None or not k:
-            return None
-        time_ms = m.tpot_ms.median
-        if throughput_of is not None:
-            t0 = throughput_of.tpot_ms.median
-            if t0 is None or m.output_throughput <= 0:
-                return None
-            time_ms = t0 * throughput_of.output_throughput / m.output_throughput
-        return cls(spec.method, spec.model, k, time_ms, profile.tokens_per_step, spec.label(),
-                   drafted=profile.drafted_per_step, noise=_noise(m), gauge_ms=engine_gauge_ms(m))
-
-
-MAX_GAUGE_RATIO = 1.5
-"""A gauge further than this factor from its proposer's typical one is a hiccup of the prefill,
-not the engine's speed, and is not scaled by: on the recorded landscapes two starts of one
-configuration took up to 1.45x the TTFT of each other where their throughput followed, while a
-few starts took 4-9x the typical TTFT at a typical throughput."""
-
-
-def engine_gauge_ms(m: Measurement) -> float | None:
-    """The trial's median TTFT where requests ran one at a time (its headline, or a sweep's
-    level 1): the prefill of the workload's prompts, alone on the engine. With several requests
-    in flight a prompt waits behind the others' decode steps, which speculation shortens: no
-    gauge from those."""
-    level = m.at_concurrency(1)
-    ttft = level.ttft_median_ms if level is not None else None
-    return ttft if ttft is not None and ttft > 0 else None
-
-
-MIN_GAUGES = 3
-"""A proposer's trials needed for a typical gauge: with two, a hiccup pulls the typical halfway
-and the normal trial would be judged against it."""
-
-
-def at_typical_speed(points: Sequence[CostPoint], weight: float = 1.0) -> list[CostPoint]:
-    """``points`` with each time per token brought to its proposer's typical engine (multiplied by
-    :func:`engine_speeds` to the power ``weight``: 1 trusts the gauge fully, 0 not at all)."""
-    return list(points) if weight == 0.0 else _scaled(points, _speeds(points), weight)
-
-
-def _speeds(points: Sequence[CostPoint]) -> list[float]:
-    return engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
-
-
-def _scaled(points: Sequence[CostPoint], speeds: Sequence[float], weight: float) -> list[CostPoint]:
-    """Each point's time per token multiplied by its speed to the power ``weight``."""
-    return [p if s == 1.0 or weight == 0.0 else dataclasses.replace(p, tpot_ms=p.tpot_ms * s**weight)
-            for p, s in zip(points, speeds, strict=True)]
-
-
 def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
     """How far the engines' gauges tell their speed on this machine, from ``points`` (a study's
     trials): the power ``w`` in [0, 1] of the gauged speeds (:func:`at_typical_speed`) under which
@@ -183,7 +105,7 @@ def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
 
     :func:`spectune.predict.predict_candidates` fits two cost models, on the trials' TPOT and on
     their throughput, and each weighs the gauge on its own points."""
-    return _gauge_weight(t0_ms, points, _speeds(points))
+    return _gauge_weight(t0_ms, points, gauged_speeds(points))
 
 
 def _gauge_weight(t0_ms: float, points: Sequence[CostPoint], speeds: Sequence[float]) -> float:
@@ -201,7 +123,7 @@ def _gauge_weight(t0_ms: float, points: Sequence[CostPoint], speeds: Sequence[fl
     def loss(w: float) -> float:
         total = 0.0
         for group, group_speeds in gauged:
-            scaled = _scaled(group, group_speeds, w)
+            scaled = brought_to_speed(group, group_speeds, w)
             cost = fit_cost(t0_ms, scaled, weight=0.0)
             fitted = [max(cost.tpot_ms(t0_ms, q.d, q.tokens_per_step), 1e-9) for q in scaled]
             total += math.fsum(math.log(q.tpot_ms / f) ** 2 for q, f in zip(scaled, fitted, strict=True))
@@ -219,54 +141,6 @@ this near 0 or 1 is taken as 0 or 1)."""
 MIN_WEIGHT_POINTS = 6
 """Gauged trials needed to weigh the gauge (:func:`gauge_weight`)."""
 
-
-def engine_speeds(trials: Sequence[tuple[Method, str | None, int, float | None]]) -> list[float]:
-    """How much faster than a typical engine of its proposer each trial's engine ran, from
-    ``(method, model, k, gauge_ms)``: the typical gauge over its own (:func:`engine_speed`).
-
-    A proposer's typical gauge comes from its trials: their median for proposers that draft from
-    the text, a Theil-Sen line over ``k`` for model drafters (module docstring). A proposer with
-    fewer than :data:`MIN_GAUGES` trials, or with a trial lacking a gauge, gets 1.0 for all.
-    """
-    groups: dict[tuple[Method, str | None], list[int]] = {}
-    for i, (method, model, _, _) in enumerate(trials):
-        groups.setdefault((method, model), []).append(i)
-    speeds = [1.0] * len(trials)
-    for (method, _), members in groups.items():
-        gauges = [g for i in members if (g := trials[i][3]) is not None and g > 0]
-        if len(gauges) < max(MIN_GAUGES, len(members)):  # too few, or one trial without a gauge
-            continue
-        typical = _typical_gauges(method, [trials[i][2] for i in members], gauges)
-        for i, t in zip(members, typical, strict=True):
-            speeds[i] = engine_speed(trials[i][3], t)
-    return speeds
-
-
-def _typical_gauges(method: Method, ks: Sequence[int], gauges: Sequence[float]) -> list[float]:
-    """The typical gauge at each trial's ``k`` (see :func:`engine_speeds`)."""
-    if method.drafts_from_text or len(set(ks)) < 2:
-        return [statistics.median(gauges)] * len(gauges)
-    from sklearn.linear_model import TheilSenRegressor
-
-    x = [[float(k)] for k in ks]
-    return [float(v) for v in TheilSenRegressor(random_state=0).fit(x, gauges).predict(x)]
-
-
-def engine_speed(gauge_ms: float | None, typical_ms: float | None) -> float:
-    """How much faster than a typical engine a trial's engine ran, by its gauge
-    (``typical / gauge``); 1.0 without a gauge or where it lies more than
-    :data:`MAX_GAUGE_RATIO` from the typical one."""
-    if not gauge_ms or not typical_ms or typical_ms <= 0:
-        return 1.0
-    speed = typical_ms / gauge_ms
-    return speed if 1.0 / MAX_GAUGE_RATIO <= speed <= MAX_GAUGE_RATIO else 1.0
-
-
-def _noise(m: Measurement) -> float:
-    """The trial's relative noise as the study records it (MAD of its windows' throughput)."""
-    from spectune.measurement import Objective, relative_noise
-
-    return relative_noise(Objective.OUTPUT_THROUGHPUT, m) or 0.0
 
 
 @dataclass(frozen=True)
@@ -440,9 +314,9 @@ def fit_cost_model(
     model = CostModel(t0_ms, baseline_throughput, priors=dict(priors))
     by_proposer: dict[tuple[Method, str | None], list[CostPoint]] = {}
     by_method: dict[Method, list[CostPoint]] = {}
-    speeds = _speeds(pts)  # once: a model drafter's typical gauge is a Theil-Sen fit
+    speeds = gauged_speeds(pts)  # once: a model drafter's typical gauge is a Theil-Sen fit
     model.gauge_weight = _gauge_weight(t0_ms, pts, speeds)
-    for p in _scaled(pts, speeds, model.gauge_weight):  # each brought to its proposer's typical engine
+    for p in brought_to_speed(pts, speeds, model.gauge_weight):  # each brought to its proposer's typical engine
         by_proposer.setdefault((p.method, p.model), []).append(p)
         by_method.setdefault(p.method, []).append(p)
     model.proposers = {key: fit_cost(t0_ms, group, weight=0.0) for key, group in by_proposer.items()}

@@ -34,7 +34,9 @@ from spectune.predict._concurrency import (
     LevelPrediction,
     fit_concurrency,
 )
-from spectune.predict._cost import CostPoint, Estimate, fit_cost_model
+from spectune.predict._cost import Estimate, fit_cost_model
+from spectune.predict._draft_replay import DraftReplays, replay_draft
+from spectune.predict._gauge import CostPoint
 from spectune.predict._learned import LearnedAcceptance
 from spectune.predict._measured import (
     accepted_sd,
@@ -47,9 +49,7 @@ from spectune.predict._measured import (
 )
 from spectune.predict._prediction import Prediction
 from spectune.predict._replay import (
-    DraftReplays,
     ReplayAcceptance,
-    replay_draft,
     replay_ngram,
     replay_suffix,
     suffix_available,
@@ -309,6 +309,14 @@ class StudyInputs:
         return predict_candidates(self.candidates if candidates is None else candidates, self.baseline,
                                   self.measured, objective=self.objective, maximize=self.maximize,
                                   learned=self.learned, features=self.features, drafts=self.drafts)
+
+    def measured_predictions(self) -> list[Prediction]:
+        """The measured configurations as predictions without interval, one per configuration at
+        its mean over its engines (:func:`measured_prediction`): what moves to other levels."""
+        engines: dict[str, list[Measurement]] = {}
+        for m in self.measured:
+            engines.setdefault(m.spec.label(), []).append(m)
+        return [p for ms in engines.values() if (p := measured_prediction(ms, self.objective)) is not None]
 
     def concurrency_model(self) -> ConcurrencyModel | None:
         """How the study's trials scale with the batch; None unless its baseline swept two levels

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spectune.measurement import TrialRecord
+from spectune.records import TrialRecord
 
 if TYPE_CHECKING:
     from plotly.graph_objects import Figure

@@ -6,7 +6,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spectune.measurement import TrialRecord
+from spectune.records import TrialRecord
 
 if TYPE_CHECKING:
     import optuna

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
-from spectune.measurement import RECHECK_BEST, RECHECK_SURPRISE, TrialRecord, spec_key
+from spectune.measurement import spec_key
 from spectune.predict import DraftReplays
+from spectune.records import RECHECK_BEST, RECHECK_SURPRISE, TrialRecord
 from spectune.search._base import (
     Decision,
     Run,

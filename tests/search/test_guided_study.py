@@ -14,7 +14,8 @@ from rich.console import Console
 from spectune._progress import render_study
 from spectune.config import SpecConfig
 from spectune.landscape import Landscape
-from spectune.measurement import RECHECK_BEST, RECHECK_SURPRISE, Measurement
+from spectune.measurement import Measurement
+from spectune.records import RECHECK_BEST, RECHECK_SURPRISE
 from spectune.results import open_study
 from spectune.worker import run_study
 

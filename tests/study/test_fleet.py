@@ -165,7 +165,7 @@ def test_guided_search_under_two_workers_measures_no_candidate_twice(tiny_models
 
     results: list = []
     workers = [threading.Thread(target=lambda g=g: results.append(
-        run_worker(join_study(pg_url, "two"), slots=[Slot((g,))], measure_fn=slow))) for g in (0, 1)]
+        run_worker(join_study(pg_url, "two"), slots=[Slot((g,))], measure_fn=slow, poll_seconds=0.2))) for g in (0, 1)]
     for w in workers:
         w.start()
     for w in workers:

@@ -1,0 +1,177 @@
+"""The draft model's replay: at temperature 0 vLLM drafts greedily, so one forward pass of the
+draft (transformers, on the CPU, in the engine's dtype) along each recorded prompt and output gives
+what it drafts at every step, for every k, before any draft trial."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+
+    pass
+
+from spectune.predict._replay import (
+    UNLIMITED_MODEL_LEN,
+    ReplayAcceptance,
+    ReplayRequest,
+    Tally,
+    recorded_pairs,
+)
+
+__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DRAFT_REPLAY_SPREAD", "DraftGuesses", "DraftReplays", "draft_guesses",
+           "replay_draft"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DraftGuesses:
+    """What a draft model proposes along recorded target outputs: for each request, the prompt's
+    length and ``guess[n]``, the draft's argmax after ``prompt + output[:n]`` (``n`` from 0 to
+    the output's length), from one teacher-forced forward pass (:func:`draft_guesses`)."""
+
+    requests: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
+    """``(prompt length, output, guesses)`` per request."""
+
+
+_TORCH_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16",
+                 "half": "float16"}
+"""vLLM's ``--dtype`` values as torch's; any other (``auto``) loads the checkpoint's own."""
+
+
+def draft_guesses(requests: Iterable[ReplayRequest], model: str, *, dtype: str | None = None) -> DraftGuesses:
+    """Run the draft ``model`` (a local folder or hub name transformers can load) once over each
+    request's prompt and recorded output, keeping its argmax at every output position.
+
+    At temperature 0 vLLM's draft proposer drafts greedily, so while its drafts are accepted the
+    draft reads the target's own tokens: the argmax along the recorded output is what it drafts
+    at every step, whatever ``k``. ``dtype`` is the engine's (``float32``, ``bfloat16``...;
+    None: the checkpoint's); the draft runs on the CPU, one request at a time. Requests without
+    token ids, or failed, are skipped.
+
+    Raises:
+        ImportError: torch or transformers is not installed.
+        OSError: the model cannot be loaded (not local, and no hub access).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from spectune._hf import dtype_kwarg, quiet_transformers
+
+    pairs = [(p, o) for p, o in recorded_pairs(requests) if o]
+    torch_dtype = _TORCH_DTYPES.get(dtype or "auto", "auto")
+    with quiet_transformers():
+        draft = AutoModelForCausalLM.from_pretrained(model, **dtype_kwarg(
+            getattr(torch, torch_dtype) if torch_dtype != "auto" else "auto"))
+    draft.eval()
+    out = []
+    with torch.inference_mode():
+        for prompt, output in pairs:
+            ids = torch.tensor([prompt + output], dtype=torch.long)
+            # positions len(prompt) - 1 .. end: the draft's next token after prompt + output[:n]
+            logits = draft(input_ids=ids, logits_to_keep=len(output) + 1).logits[0]
+            out.append((len(prompt), tuple(output), tuple(int(t) for t in logits.argmax(-1).tolist())))
+    return DraftGuesses(tuple(out))
+
+
+DRAFT_REPLAY_SPREAD = 0.02
+"""Relative interval of a replayed draft's tokens per step: what the numerics of transformers
+and the engine's kernels can move (near ties between the draft's top tokens; the largest
+difference seen, 1.6 % of acceptance length, was on SmolLM2 in bfloat16)."""
+
+DRAFT_REPLAY_MAX_BYTES = 4 * 2**30
+"""Largest draft (weights on disk) that :class:`DraftReplays` runs on the CPU: about 2B
+parameters in bfloat16 (its forward passes grow with its size and the study's output tokens)."""
+
+def _local_weights(model: str) -> Path | None:
+    """The folder holding ``model``'s weights: the path itself, or its snapshot in the Hugging
+    Face cache (nothing is downloaded); None when neither is on this machine."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not a hub name, or not cached: no replay, and the reason is logged
+        return None
+
+
+class DraftReplays:
+    """:func:`draft_guesses`, kept per draft, dtype and outputs while the owner lives (guided
+    search predicts again after every trial: a worker's search keeps one), and the drafts that
+    would not run, not tried again. Not thread-safe: one owner."""
+
+    KEPT = 8
+    """Guesses kept at most (the oldest is dropped first)."""
+
+    def __init__(self) -> None:
+        self._guesses: dict[tuple[str, str, int], DraftGuesses] = {}
+        self._refused: set[tuple[str, str]] = set()
+
+    def guesses(self, requests: Sequence[ReplayRequest], model: str, *, dtype: str | None = None) -> DraftGuesses | None:
+        """The draft's guesses along ``requests``; None when the draft is not on this machine
+        (asked again next time), or, logged once per draft and dtype, when it is larger than
+        :data:`DRAFT_REPLAY_MAX_BYTES` or does not load or run. Predictions then fall back to the
+        draft's measured trials, the learned model or the prior."""
+        pairs = recorded_pairs(requests)
+        key = (model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
+        if key in self._guesses:
+            return self._guesses[key]
+        if key[:2] in self._refused:
+            return None
+        folder = _local_weights(model)
+        if folder is None:  # not remembered: the first draft trial's engine may download it
+            logger.info("draft %s is not replayed offline: its weights are not on this machine", model)
+            return None
+        try:
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
+            if size > DRAFT_REPLAY_MAX_BYTES:
+                why = (f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB "
+                       "to run on the CPU")
+                guesses = None
+            else:
+                guesses = draft_guesses(requests, str(folder), dtype=dtype)
+        except Exception as exc:  # noqa: BLE001 - any checkpoint transformers cannot run: no replay, logged
+            why, guesses = f"it did not load or run in transformers ({type(exc).__name__}: {exc})", None
+        if guesses is None:
+            self._refused.add(key[:2])
+            logger.warning("draft %s is not replayed offline: %s", model, why)
+            return None
+        if len(self._guesses) >= self.KEPT:
+            self._guesses.pop(next(iter(self._guesses)))
+        self._guesses[key] = guesses
+        return guesses
+
+
+def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = None) -> ReplayAcceptance:
+    """What vLLM's draft-model proposer (``method: draft_model``) drafts and has accepted with
+    ``k`` tokens, from the draft's argmax along the recorded outputs (:func:`draft_guesses`).
+
+    The draft proposes ``k`` tokens at every decode step; the ``i``-th is its argmax after the
+    context and the ``i - 1`` drafted before it, which is ``guess[n + i]`` as long as those were
+    the target's (past the first rejected one, what it drafts no longer counts). Near
+    ``max_model_len`` the engine schedules fewer: at most ``max_model_len - 1`` tokens in all. Exact
+    up to the numerics of the two implementations: a near tie between the draft's top tokens can
+    fall the other way in the engine's kernels.
+
+    Raises:
+        ValueError: ``k < 1``.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    limit = max_model_len or UNLIMITED_MODEL_LEN
+    tally = Tally(k)
+    for prompt_len, output, guess in guesses.requests:
+        tally.requests += 1
+        n = 1
+        while n < len(output):
+            room = min(k, limit - prompt_len - n - 1)  # the scheduler's cap near max_model_len
+            known = guess[n : n + max(room, 0)]
+            draft = (*known, *([-1] * (room - len(known))))  # past the recorded output: unknown, never equal
+            n += tally.step(draft, output, n)
+    return tally.result(spread=DRAFT_REPLAY_SPREAD)

@@ -1,0 +1,153 @@
+"""The trial record: everything spectune keeps about one trial in Optuna's storage, typed and
+versioned; read and written here only (:class:`TrialRecord`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from spectune._util import StrictModel
+
+__all__ = [
+    "INTERRUPTED",
+    "RECHECK_BEST",
+    "RECHECK_SURPRISE",
+    "RECORD_VERSION",
+    "Placement",
+    "TrialRecord",
+    "write_fields",
+]
+
+
+RECORD_VERSION = 1
+"""Version of :class:`TrialRecord`'s layout in a trial's user attributes."""
+
+INTERRUPTED = "interrupted"
+"""``fail_reason`` of a trial stopped by Ctrl-C: measured again, not counted as finished."""
+
+RECHECK_SURPRISE = "outside its predicted interval"
+"""Why guided search measured a configuration again: its measurement fell outside its prediction."""
+RECHECK_BEST = "the best when the search would stop"
+"""Why guided search measured a configuration again: the best, before the search stops."""
+
+_PREDICTION_KEYS = ("predicted_low", "predicted_high", "predicted_acceptance_length")
+
+
+class Placement(StrictModel):
+    """Where a trial ran: its worker's host and process, and the GPUs its engine was given."""
+
+    host: str
+    gpus: str | None = None
+    pid: int | None = None
+
+    def label(self) -> str:
+        return f"{self.host} gpus {self.gpus}" if self.gpus else self.host
+
+
+class TrialRecord(BaseModel):
+    """Everything spectune keeps about one trial in Optuna's storage, as the trial's user
+    attributes (one attribute per field, readable in optuna-dashboard); the full Measurement is
+    in spectune's own table. Read with :meth:`of`, written with :meth:`write`: no other code
+    reads or writes a trial's attributes by name.
+
+    Fields that are None are not written. ``predicted`` is stored under ``predicted_<objective>``.
+    Records of earlier versions are read too (``recheck`` was True for a surprise).
+    """
+
+    model_config = {"extra": "ignore"}
+
+    record_version: int | None = None
+    # the candidate, and where it ran
+    config: str | None = Field(default=None, description="The candidate's label.")
+    spec: dict[str, Any] | None = Field(default=None, description="vLLM's speculative config ({'method': 'none'}).")
+    spec_key: str | None = None
+    role: str | None = Field(default=None, description="'baseline' for the study's baseline trial.")
+    placement: Placement | None = None
+    # why it ran
+    retry_of: int | None = Field(default=None, description="The interrupted trial this one measures again.")
+    confirms: int | None = Field(default=None, description="The trial whose configuration this one measures again.")
+    recheck: str | None = Field(default=None, description="Why guided search measured it again (RECHECK_*).")
+    duplicate_of: int | None = Field(default=None, description="An earlier trial of the same candidate it reuses.")
+    # guided search's prediction, before it ran
+    predicted_objective: str | None = None
+    predicted: float | None = None
+    predicted_low: float | None = None
+    predicted_high: float | None = None
+    predicted_acceptance_length: float | None = None
+    prediction_source: str | None = None
+    guide_reason: str | None = None
+    guide_step: int | None = None
+    # how it ended
+    fail_reason: str | None = None
+    output_throughput: float | None = None
+    tpot_median_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    e2el_median_ms: float | None = None
+    acceptance_rate: float | None = None
+    mean_acceptance_length: float | None = None
+    per_position_acceptance: list[float] | None = None
+    startup_seconds: float | None = None
+    failed_requests: int | None = None
+    speedup: float | None = None
+    noise: float | None = None
+    constraints: dict[str, float] | None = None
+    feasible: bool | None = None
+
+    @classmethod
+    def of(cls, trial: Any) -> TrialRecord:
+        """The record of an Optuna trial (a FrozenTrial, or a running Trial)."""
+        return cls.from_attrs(trial.user_attrs)
+
+    @classmethod
+    def from_attrs(cls, attrs: dict[str, Any]) -> TrialRecord:
+        data = dict(attrs)
+        if data.get("recheck") is True:  # spectune before records had versions
+            data["recheck"] = RECHECK_SURPRISE
+        elif data.get("recheck") is False:
+            data["recheck"] = None
+        for key in list(data):
+            if key.startswith("predicted_") and key not in _PREDICTION_KEYS and key != "predicted_objective":
+                data["predicted_objective"], data["predicted"] = key.removeprefix("predicted_"), data.pop(key)
+        return cls.model_validate(data)
+
+    def attrs(self) -> dict[str, Any]:
+        """The fields that are set, as user attributes."""
+        out = self.model_dump(mode="json", exclude_none=True, exclude={"predicted_objective", "predicted"})
+        if self.predicted_objective is not None and self.predicted is not None:
+            out[f"predicted_{self.predicted_objective}"] = self.predicted
+        return out
+
+    def write(self, trial: Any) -> None:
+        """Set this record's fields (those not None) on an Optuna trial."""
+        for key, value in self.attrs().items():
+            trial.set_user_attr(key, value)
+
+    # -- what the search reads ---------------------------------------------------------------
+    @property
+    def is_baseline(self) -> bool:
+        return self.role == "baseline"
+
+    @property
+    def guided(self) -> bool:
+        """Chosen by guided search, with a prediction."""
+        return self.guide_reason is not None
+
+    @property
+    def measured_again(self) -> bool:
+        """A re-measurement (a recheck or a confirmation): it spends no budget."""
+        return self.confirms is not None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.fail_reason == INTERRUPTED
+
+    def guide(self) -> TrialRecord:
+        """Its prediction alone (a guided pick measured again keeps it)."""
+        return TrialRecord(**{k: getattr(self, k) for k in (
+            "predicted_objective", "predicted", *_PREDICTION_KEYS, "prediction_source", "guide_reason", "guide_step")})
+
+
+def write_fields(trial: Any, **fields: Any) -> None:
+    """Set some fields of a trial's :class:`TrialRecord` (validated as the record's)."""
+    TrialRecord(**fields).write(trial)
