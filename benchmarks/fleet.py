@@ -24,7 +24,6 @@ import argparse
 import datetime as dt
 import json
 import logging
-import statistics
 import tempfile
 import threading
 import time
@@ -40,16 +39,6 @@ from spectune.worker import POLL_SECONDS, Slot, run_worker
 
 HERE = Path(__file__).resolve().parent
 WITHIN = 0.02
-
-
-def _means(landscape: Landscape, objective: str) -> dict[str, float]:
-    """Each candidate's objective, the mean over its recorded engine starts."""
-    out = {}
-    for engines in landscape.engines().values():
-        values = [v for p in engines if (v := landscape.value(p, objective)) is not None]
-        if values:
-            out[engines[0].label] = statistics.fmean(values)
-    return out
 
 
 def _run(landscape: Landscape, storage: str, name: str, sampler: str, workers: int, trials: int,
@@ -101,7 +90,7 @@ def main() -> None:
     draft = f"landscape/{Path(landscape.draft).name}" if landscape.draft else None
     landscape = landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)  # no weights read
     objective = "output_throughput"
-    means = _means(landscape, objective)
+    means = landscape.means(objective)
     best = max(means.values())
     good = {label for label, v in means.items() if v >= best * (1 - WITHIN)}
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d%H%M%S")

@@ -223,16 +223,6 @@ def _strategy(landscape: Landscape, work: Path, name: str, seed: int, trials: in
     return _trace(landscape, config, objective)
 
 
-def _means(landscape: Landscape, objective: str) -> dict[str, float]:
-    """Each candidate's objective: the mean over its engine starts that measured it."""
-    out = {}
-    for engines in landscape.engines().values():
-        values = [v for p in engines if (v := landscape.value(p, objective)) is not None]
-        if values:
-            out[engines[0].label] = statistics.fmean(values)
-    return out
-
-
 def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
     """Leave-one-out errors of acceptance length (held-out k) and of the objective (against the
     held-out candidate's mean over its engine starts, and its first start), predicted from the
@@ -244,7 +234,7 @@ def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
         proposer_of,
     )
 
-    means = _means(landscape, objective)
+    means = landscape.means(objective)
     points = [p for p in landscape.by_key().values() if p.measurement is not None]
     base = next(p for p in points if p.spec.get("method", "none") == "none").measurement
     spec_points = [p for p in points if p.spec.get("method", "none") != "none"]
@@ -387,7 +377,7 @@ def evaluate(args: argparse.Namespace) -> None:
     landscape = _models_by_name(landscape) if args.no_draft_replay else _models_here(landscape)
     objective = landscape.config().objectives[0]
     sign = 1.0 if objective.maximize else -1.0
-    values = _means(landscape, objective.value)
+    values = landscape.means(objective.value)
     best_label = max(values, key=lambda k: sign * values[k])
     best = values[best_label]
     good = {k for k, v in values.items() if sign * (v - best) >= -args.tolerance * abs(best)}

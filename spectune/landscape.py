@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -166,6 +167,15 @@ class Landscape(StrictModel):
             return None
         hw = m.hardware.model_dump(mode="json")
         return {k: hw.get(k) for k in ("platform", "cpu", "cpu_count", "gpus")}
+
+    def means(self, objective: str) -> dict[str, float]:
+        """Each candidate's ``objective`` by its label: the mean over its measured engine starts."""
+        out = {}
+        for starts in self.engines().values():
+            values = [v for p in starts if (v := self.value(p, objective)) is not None]
+            if values:
+                out[starts[0].label] = statistics.fmean(values)
+        return out
 
     def value(self, point: LandscapePoint, objective: str) -> float | None:
         """The point's measured value of ``objective`` (None for an engine failure)."""

@@ -341,73 +341,60 @@ class MeasurementStore:
             "state": "COMPLETE" if measurement is not None else "FAIL", "error": error,
             "measurement": measurement.model_dump_json() if measurement is not None else None,
         }
-        try:
-            with self._engine.begin() as conn:
-                conn.execute(sa.delete(trials_table).where(trials_table.c.trial_id == trial_id))
-                conn.execute(sa.insert(trials_table).values(**row))
-        except SQLAlchemyError as e:
-            raise StorageError(_describe(self.url, e)) from e
+        self._replace(trials_table, trials_table.c.trial_id == trial_id, row)
 
     def trials(self, study_name: str) -> list[StoredTrial]:
         """Every stored trial of a study, in trial order."""
         q = sa.select(trials_table).where(trials_table.c.study_name == study_name).order_by(
             trials_table.c.trial_number)
-        try:
-            with self._engine.connect() as conn:
-                rows = conn.execute(q).mappings().all()
-        except SQLAlchemyError as e:
-            raise StorageError(_describe(self.url, e)) from e
         return [
-            StoredTrial(study_name=r["study_name"], trial_id=r["trial_id"], trial_number=r["trial_number"],
-                        spec_key=r["spec_key"], state=r["state"], error=r["error"],
-                        measurement_json=r["measurement"])
-            for r in rows
+            StoredTrial(study_name=r.study_name, trial_id=r.trial_id, trial_number=r.trial_number,
+                        spec_key=r.spec_key, state=r.state, error=r.error, measurement_json=r.measurement)
+            for r in self._rows(q)
         ]
 
     def save_definition(self, study_name: str, definition: dict[str, Any]) -> None:
         """Store (or replace) what a worker needs to join ``study_name`` (:data:`studies_table`)."""
         row = {"study_name": study_name, "updated_at": dt.datetime.now(dt.timezone.utc),
                "definition": json.dumps(definition)}
-        try:
-            with self._engine.begin() as conn:
-                conn.execute(sa.delete(studies_table).where(studies_table.c.study_name == study_name))
-                conn.execute(sa.insert(studies_table).values(**row))
-        except SQLAlchemyError as e:
-            raise StorageError(_describe(self.url, e)) from e
+        self._replace(studies_table, studies_table.c.study_name == study_name, row)
 
     def definition(self, study_name: str) -> dict[str, Any] | None:
         """What :meth:`save_definition` stored for ``study_name``, or None (a study of an earlier spectune)."""
-        q = sa.select(studies_table.c.definition).where(studies_table.c.study_name == study_name)
-        try:
-            with self._engine.connect() as conn:
-                value = conn.execute(q).scalar_one_or_none()
-        except SQLAlchemyError as e:
-            raise StorageError(_describe(self.url, e)) from e
-        return json.loads(value) if value is not None else None
+        rows = self._rows(sa.select(studies_table.c.definition).where(studies_table.c.study_name == study_name))
+        return json.loads(rows[0].definition) if rows else None
 
     def trial_ids(self, study_name: str) -> dict[int, int]:
         """Trial number -> trial id of the trials of ``study_name`` recorded here (the newest row
         of a number, should a study of that name have been deleted and made again)."""
         q = sa.select(trials_table.c.trial_number, trials_table.c.trial_id).where(
             trials_table.c.study_name == study_name).order_by(trials_table.c.id)
-        try:
-            with self._engine.connect() as conn:
-                return {number: tid for number, tid in conn.execute(q).all()}
-        except SQLAlchemyError as e:
-            raise StorageError(_describe(self.url, e)) from e
+        return {r.trial_number: r.trial_id for r in self._rows(q)}
 
     def measurement(self, trial_id: int | None) -> Measurement | None:
         """The Measurement of trial ``trial_id``; None when it has none (failed, not run here)."""
         if trial_id is None:
             return None
-        q = sa.select(trials_table.c.measurement).where(trials_table.c.trial_id == trial_id)
-        try:
-            with self._engine.connect() as conn:
-                value = conn.execute(q).scalar_one_or_none()
-        except SQLAlchemyError as e:
-            raise StorageError(_describe(self.url, e)) from e
-        if value is None:
+        rows = self._rows(sa.select(trials_table.c.measurement).where(trials_table.c.trial_id == trial_id))
+        if not rows or rows[0].measurement is None:
             return None
         from spectune.measurement import Measurement
 
-        return Measurement.model_validate_json(value)
+        return Measurement.model_validate_json(rows[0].measurement)
+
+    # -- one place for the transactions and the errors -------------------------------------------
+    def _replace(self, table: sa.Table, where: sa.ColumnElement[bool], row: dict[str, Any]) -> None:
+        """Delete the rows ``where`` matches and insert ``row``, in one transaction."""
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(sa.delete(table).where(where))
+                conn.execute(sa.insert(table).values(**row))
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
+
+    def _rows(self, query: sa.Select[Any]) -> list[sa.Row[Any]]:
+        try:
+            with self._engine.connect() as conn:
+                return list(conn.execute(query).all())
+        except SQLAlchemyError as e:
+            raise StorageError(_describe(self.url, e)) from e
