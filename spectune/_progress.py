@@ -16,6 +16,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from spectune.records import StudyRecord
+
 if TYPE_CHECKING:
     from spectune.measurement import Measurement
     from spectune.trial import TrialHook
@@ -163,7 +165,7 @@ def render_study(view: object, console: Console | None = None) -> None:
                   _fmt(r.acceptance_rate, ".3f"), _fmt(r.mean_acceptance_length, ".2f"), escape(r.note),
                   *([escape(r.placement or "-")] if view.placed else []))
     console.print(t)
-    guide = view.study.user_attrs.get("guide") or {}
+    guide = StudyRecord.of(view.study).guide or {}
     skipped = guide.get("skipped") or []
     if skipped:
         console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "

@@ -31,7 +31,7 @@ from spectune._util import StrictModel, atomic_write_text, validate
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError, EngineError
 from spectune.measurement import Measurement, spec_key
-from spectune.records import TrialRecord
+from spectune.records import StudyRecord, TrialRecord
 
 if TYPE_CHECKING:
     from spectune.results import StudyView
@@ -74,7 +74,7 @@ class Landscape(StrictModel):
         Raises:
             ConfigError: the study was not made by spectune or has no completed trial.
         """
-        cfg = view.study.user_attrs.get("spectune_config")
+        cfg = StudyRecord.of(view.study).spectune_config
         if not isinstance(cfg, dict):
             raise ConfigError(f"study {view.name} carries no spectune configuration")
         points: dict[str, LandscapePoint] = {}

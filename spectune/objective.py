@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from spectune.errors import EngineError
 from spectune.measurement import relative_noise, spec_key, speedup
-from spectune.records import INTERRUPTED, TrialRecord, write_fields
+from spectune.records import INTERRUPTED, TrialRecord, write_fields, write_study_fields
 from spectune.search import Snapshot
 from spectune.storage import MeasurementStore
 from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs
@@ -120,7 +120,7 @@ class TrialFunction:
         self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
                           spec_key=spec_key(spec.to_vllm()), measurement=m)
         if spec.is_baseline and rec.confirms is None:  # the target's own outputs: repetition features
-            self.study.set_user_attr("workload_features", features_with_outputs(self.prompts, m).model_dump(mode="json"))
+            write_study_fields(self.study, workload_features=features_with_outputs(self.prompts, m).model_dump(mode="json"))
 
     def _reuse(self, trial: optuna.Trial, spec: SpecConfig, dup: int, progress: tuple[int, int]) -> list[float]:
         """A candidate the sampler chose again: answered from trial ``dup`` (waited for while it

@@ -15,8 +15,10 @@ __all__ = [
     "RECHECK_SURPRISE",
     "RECORD_VERSION",
     "Placement",
+    "StudyRecord",
     "TrialRecord",
     "write_fields",
+    "write_study_fields",
 ]
 
 
@@ -151,3 +153,41 @@ class TrialRecord(BaseModel):
 def write_fields(trial: Any, **fields: Any) -> None:
     """Set some fields of a trial's :class:`TrialRecord` (validated as the record's)."""
     TrialRecord(**fields).write(trial)
+
+
+class StudyRecord(BaseModel):
+    """Everything spectune keeps on an Optuna study as its user attributes (the dashboard shows
+    them); read with :meth:`of`, written with :meth:`write`, nowhere else by name. What a worker
+    needs to join a study (its prompts, its resolved space) is in spectune's own table instead
+    (:meth:`spectune.storage.MeasurementStore.definition`)."""
+
+    model_config = {"extra": "ignore"}
+
+    spectune_config: dict[str, Any] | None = Field(default=None, description="The StudyConfig as created or resumed.")
+    engine_args: dict[str, Any] | None = Field(default=None, description="The resolved engine arguments of every trial.")
+    objectives: list[str] | None = None
+    workload_features: dict[str, Any] | None = Field(
+        default=None, description="The prompts' features, with the baseline's outputs once it ran.")
+    guide: dict[str, Any] | None = Field(default=None, description="Guided search's last plan: what it skipped, and why.")
+    gpus_per_engine: int | None = Field(
+        default=None, description="GPUs each engine of the study is given (0: placed by its environment); set by the "
+        "first worker, the same for every worker after it.")
+
+    @classmethod
+    def of(cls, study: Any) -> StudyRecord:
+        """The record of an Optuna study (or a study summary)."""
+        return cls.model_validate(study.user_attrs)
+
+    @property
+    def made_by_spectune(self) -> bool:
+        return self.spectune_config is not None or self.objectives is not None
+
+    def write(self, study: Any) -> None:
+        """Set this record's fields (those not None) on an Optuna study."""
+        for key, value in self.model_dump(mode="json", exclude_none=True).items():
+            study.set_user_attr(key, value)
+
+
+def write_study_fields(study: Any, **fields: Any) -> None:
+    """Set some fields of a study's :class:`StudyRecord` (validated as the record's)."""
+    StudyRecord(**fields).write(study)

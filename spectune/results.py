@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
 from spectune.measurement import NOISE_FLOOR, spec_key, speedup
-from spectune.records import TrialRecord
+from spectune.records import StudyRecord, TrialRecord
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class StudyView:
         self.study = study
         self.store = store
         self.url = url
-        self.objectives: list[str] = list(study.user_attrs.get("objectives") or study.metric_names or ["value"])
+        self.objectives: list[str] = list(StudyRecord.of(study).objectives or study.metric_names or ["value"])
         self.directions = [d.name.lower() for d in study.directions]
         ids = store.trial_ids(study.study_name)
         self.rows = [_row(t, ids.get(t.number)) for t in study.get_trials(deepcopy=False)]

@@ -35,6 +35,7 @@ from spectune.config import EngineArgs, Method, Prompt, WorkloadSpec
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT
 from spectune.errors import ConfigError
 from spectune.measurement import SLO, Objective
+from spectune.records import StudyRecord, write_study_fields
 from spectune.storage import (
     MeasurementStore,
     open_optuna_storage,
@@ -253,21 +254,21 @@ def create_study(config: StudyConfig) -> StudyContext:
     ctx = _open(config, space, load_prompts(config.workload))
     study, name = ctx.study, ctx.study.study_name
     with study_lock(ctx.url, name):  # two workers creating one study at once write it once
-        stored = study.user_attrs.get("spectune_config")
+        record = StudyRecord.of(study)
+        stored = record.spectune_config
         current = json.loads(config.model_dump_json())
         resolved = json.loads(ctx.engine.model_dump_json())  # the space's engine section included
         if isinstance(stored, dict):  # a study of an earlier spectune has no resolved engine_args to compare
-            before = study.user_attrs.get("engine_args")
+            before = record.engine_args
             _require_same_measurements(name, {**stored, "engine_args": before},
                                        {**current, "engine_args": resolved if before is not None else None})
-        study.set_user_attr("spectune_config", current)
-        study.set_user_attr("engine_args", resolved)
-        study.set_user_attr("objectives", [o.value for o in config.objectives])
+        write_study_fields(study, spectune_config=current, engine_args=resolved,
+                           objectives=[o.value for o in config.objectives])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna_experimental_warning())
             study.set_metric_names([o.value for o in config.objectives])
-        if "workload_features" not in study.user_attrs:
-            study.set_user_attr("workload_features", compute_features(ctx.prompts).model_dump(mode="json"))
+        if record.workload_features is None:
+            write_study_fields(study, workload_features=compute_features(ctx.prompts).model_dump(mode="json"))
         ctx.store.save_definition(name, {
             "config": current, "space": space.model_dump(mode="json", exclude_unset=True),
             "prompts": [p.model_dump(mode="json", exclude_none=True) for p in ctx.prompts],

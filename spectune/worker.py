@@ -33,8 +33,10 @@ from spectune.records import (
     INTERRUPTED,
     RECORD_VERSION,
     Placement,
+    StudyRecord,
     TrialRecord,
     write_fields,
+    write_study_fields,
 )
 from spectune.search import (
     Run,
@@ -133,12 +135,12 @@ def _check_placement(ctx: StudyContext, slots: list[Slot]) -> None:
     fixed = ctx.engine.tensor_parallel_size
     if size is not None and fixed is not None and fixed != size:
         raise ConfigError(f"--gpus: groups of {size} GPU(s), but the study fixes tensor_parallel_size {fixed}")
-    recorded = ctx.study.user_attrs.get("gpus_per_engine", "unset")
-    if recorded == "unset":
-        ctx.study.set_user_attr("gpus_per_engine", size)
-    elif recorded != size:
+    recorded = StudyRecord.of(ctx.study).gpus_per_engine
+    if recorded is None:
+        write_study_fields(ctx.study, gpus_per_engine=size or 0)
+    elif recorded != (size or 0):
         def says(n: int | None) -> str:
-            return f"{n} GPU(s) per engine (--gpus)" if n is not None else "engines placed by their environment (no --gpus)"
+            return f"{n} GPU(s) per engine (--gpus)" if n else "engines placed by their environment (no --gpus)"
 
         raise ConfigError(f"study {ctx.study.study_name} measures with {says(recorded)}; this worker would use "
                           f"{says(size)}: its trials would not compare")

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, SpectuneError
+from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import study_note
 
@@ -52,8 +53,7 @@ def annotate_study(view: StudyView) -> None:
 
 
 def _is_spectune_study(study: optuna.Study) -> bool:
-    attrs = study.user_attrs
-    return "spectune_config" in attrs or "objectives" in attrs
+    return StudyRecord.of(study).made_by_spectune
 
 
 def annotate_storage(url: str, storage: optuna.storages.BaseStorage | None = None) -> list[str]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError
+from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import best_config_yaml, best_line, decide, fmt
 from spectune.results import engine_spread_note
@@ -112,7 +113,7 @@ class _Context:
         ]
 
     def feature_rows(self) -> list[tuple[str, str]]:
-        feats = self.view.study.user_attrs.get("workload_features")
+        feats = StudyRecord.of(self.view.study).workload_features
         return [(k, _value(v)) for k, v in _flatten(feats)] if feats else []
 
     def provenance_rows(self) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ from spectune.predict import (
     TrainingTrial,
     mean_over_engines,
 )
+from spectune.records import StudyRecord
 from spectune.results import StudyView
 from spectune.space import SearchSpace, load_space
 from spectune.storage import MeasurementStore, open_optuna_storage
@@ -43,7 +44,8 @@ def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftRe
             space cannot be loaded.
         StorageError: the storage cannot be read.
     """
-    cfg = view.study.user_attrs.get("spectune_config")
+    record = StudyRecord.of(view.study)
+    cfg = record.spectune_config
     if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
         raise ConfigError(f"study {view.name} carries no spectune configuration to read its space from")
     definition = view.store.definition(view.name)  # a worker elsewhere may not have the space's file
@@ -62,7 +64,7 @@ def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftRe
     baseline = mean_over_engines([first, *again])
     measured = view.speculative_measurements(confirmations=confirmations)
     candidates = [s for s in space.enumerate() if not s.is_baseline and spec_key(s.to_vllm()) not in done]
-    raw = view.study.user_attrs.get("workload_features")
+    raw = record.workload_features
     features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
     others = measured_trials(view.url, skip_study=view.name)  # this study's are loaded above
     learned = LearnedAcceptance.fit(others + [TrainingTrial(m, features) for m in measured])
@@ -97,7 +99,7 @@ def measured_trials(url: str, *, skip_study: str | None = None) -> list[Training
     for summary in optuna.get_all_study_summaries(rdb, include_best_trial=False):
         if summary.study_name == skip_study:
             continue
-        raw = summary.user_attrs.get("workload_features")
+        raw = StudyRecord.of(summary).workload_features
         try:
             features = WorkloadFeatures.model_validate(raw).flat() if raw else {}
         except ValueError:

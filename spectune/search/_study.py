@@ -33,7 +33,12 @@ from spectune.config import SpecConfig
 from spectune.errors import ConfigError
 from spectune.measurement import spec_key
 from spectune.predict import DraftReplays
-from spectune.records import RECHECK_BEST, RECHECK_SURPRISE, TrialRecord
+from spectune.records import (
+    RECHECK_BEST,
+    RECHECK_SURPRISE,
+    TrialRecord,
+    write_study_fields,
+)
 from spectune.search._base import (
     Decision,
     Run,
@@ -194,7 +199,7 @@ class StudyStrategy(SearchStrategy):
         rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
         contested = rechecked is not None and not any(t.rec.guided and t.number > rechecked for t in trials)
         plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step, contested=contested)
-        study.set_user_attr("guide", {
+        write_study_fields(study, guide={
             "best_measured": best,
             "engine_spread": spread,
             "candidates_left": len(plan.candidates),
