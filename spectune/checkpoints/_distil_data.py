@@ -171,8 +171,6 @@ def generate_distill_data(
     or at ``max_new_tokens``. ``prompt_labels`` keeps the top-k of only that many last positions
     of each prompt (None: all).
     """
-    import torch
-    from transformers.generation import LogitsProcessorList
 
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -193,48 +191,11 @@ def generate_distill_data(
     target.eval()
     try:
         for b in range(0, len(order), batch_size):
-            batch = order[b: b + batch_size]
-            width = max(len(encoded[i][2]) for i in batch)
-            ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                toks = encoded[i][2]
-                ids[row, width - len(toks):] = torch.tensor(toks, dtype=torch.long)
-                mask[row, width - len(toks):] = 1
-            rec = _TopKRecorder(top_k)
+            batch = [(i, *encoded[i]) for i in order[b: b + batch_size]]
             prefill.clear()
-            with torch.inference_mode():
-                seqs = target.generate(
-                    input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                    do_sample=False, num_beams=1, pad_token_id=pad,
-                    logits_processor=LogitsProcessorList([rec]),
-                )
-                gen = seqs[:, width:]
-                gen_ids = torch.stack(rec.ids, dim=1)  # [batch, steps, k]
-                gen_logits = torch.stack(rec.logits, dim=1)
-                hidden = prefill[0]
-                for row, i in enumerate(batch):
-                    source, pid, toks = encoded[i]
-                    cont = gen[row].tolist()
-                    n = len(cont)
-                    for j, t in enumerate(cont):
-                        if t in eos_ids:
-                            n = j + 1
-                            break
-                    n = min(n, gen_ids.shape[1])
-                    # Prompt positions first .. P-2: from the prefill's hidden states.
-                    first = 0 if prompt_labels is None else max(0, len(toks) - 1 - prompt_labels)
-                    h = hidden[row, width - len(toks) + first: width - 1]
-                    p_vals, p_idx = target.lm_head(h).float().topk(top_k, dim=-1)
-                    out[i] = DistillExample(
-                        prompt_id=pid, source=source,
-                        ids=torch.tensor(toks + cont[:n], dtype=torch.long),
-                        prompt_len=len(toks), first_label=first,
-                        topk_ids=torch.cat([p_idx, gen_ids[row, :n]]).clone(),
-                        topk_logits=torch.cat([p_vals, gen_logits[row, :n]]).clone(),
-                    )
-            logger.debug("generated %d of %d prompts", min(b + batch_size, len(order)),
-                         len(order))
+            out.update(_generate_batch(target, batch, pad, eos_ids, prefill, max_new_tokens=max_new_tokens,
+                                       top_k=top_k, prompt_labels=prompt_labels))
+            logger.debug("generated %d of %d prompts", min(b + batch_size, len(order)), len(order))
     finally:
         hook.remove()
     return [out[i] for i in range(len(encoded)) if i in out]
@@ -244,3 +205,41 @@ def generate_distill_data(
 # Draft: initialisation, training, measuring
 
 
+def _generate_batch(target: Any, batch: list[tuple[int, str, str, list[int]]], pad: int, eos_ids: set[int],
+                    prefill: list[Any], *, max_new_tokens: int, top_k: int,
+                    prompt_labels: int | None) -> dict[int, DistillExample]:
+    """One left-padded batch of :func:`generate_distill_data`: (index, source, prompt id, tokens)
+    in, each prompt's example by its index out (``prefill`` receives the prefill's hidden states)."""
+    import torch
+    from transformers.generation import LogitsProcessorList
+
+    width = max(len(toks) for _, _, _, toks in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (_, _, _, toks) in enumerate(batch):
+        ids[row, width - len(toks):] = torch.tensor(toks, dtype=torch.long)
+        mask[row, width - len(toks):] = 1
+    rec = _TopKRecorder(top_k)
+    out: dict[int, DistillExample] = {}
+    with torch.inference_mode():
+        seqs = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                               num_beams=1, pad_token_id=pad, logits_processor=LogitsProcessorList([rec]))
+        gen = seqs[:, width:]
+        gen_ids = torch.stack(rec.ids, dim=1)  # [batch, steps, k]
+        gen_logits = torch.stack(rec.logits, dim=1)
+        hidden = prefill[0]
+        for row, (i, source, pid, toks) in enumerate(batch):
+            cont = gen[row].tolist()
+            n = next((j + 1 for j, t in enumerate(cont) if t in eos_ids), len(cont))
+            n = min(n, gen_ids.shape[1])
+            # Prompt positions first .. P-2: from the prefill's hidden states.
+            first = 0 if prompt_labels is None else max(0, len(toks) - 1 - prompt_labels)
+            h = hidden[row, width - len(toks) + first: width - 1]
+            p_vals, p_idx = target.lm_head(h).float().topk(top_k, dim=-1)
+            out[i] = DistillExample(
+                prompt_id=pid, source=source, ids=torch.tensor(toks + cont[:n], dtype=torch.long),
+                prompt_len=len(toks), first_label=first,
+                topk_ids=torch.cat([p_idx, gen_ids[row, :n]]).clone(),
+                topk_logits=torch.cat([p_vals, gen_logits[row, :n]]).clone(),
+            )
+    return out

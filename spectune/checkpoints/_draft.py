@@ -108,11 +108,11 @@ def _build_draft_into(
     target_dir: Path, out: Path, *, seed: int, steps: int, num_prompts: int | None,
     request: dict[str, Any],
 ) -> dict[str, Any]:
+    """Distil a draft of the target in ``target_dir`` into ``out``; its marker's content."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    data_cfg, arch, train_cfg = (DRAFT_RECIPE["data"], DRAFT_RECIPE["architecture"],
-                                 DRAFT_RECIPE["training"])
+    arch, train_cfg = DRAFT_RECIPE["architecture"], DRAFT_RECIPE["training"]
     timings: dict[str, float] = {}
     t = time.perf_counter()
     with quiet_transformers():
@@ -120,27 +120,9 @@ def _build_draft_into(
         target = LlamaForCausalLM.from_pretrained(str(target_dir), **dtype_kwarg(torch.float32))
     target.eval()
     timings["load_target_s"] = time.perf_counter() - t
-
-    train_prompts, held_prompts = split_prompts(data_cfg["sources"])
-    if num_prompts is not None:  # a smaller build (tests): every n-th prompt of each split
-        train_prompts = train_prompts[:: max(1, len(train_prompts) // num_prompts)][:num_prompts]
-        held_prompts = held_prompts[:: max(1, len(held_prompts) // num_prompts)][:num_prompts]
     t = time.perf_counter()
-    logger.info("generating the target's greedy continuations of %d prompts",
-                len(train_prompts) + len(held_prompts))
-    examples = generate_distill_data(
-        target, tokenizer, train_prompts + held_prompts,
-        max_new_tokens=data_cfg["max_new_tokens"], top_k=data_cfg["top_k"],
-        batch_size=data_cfg["generation_batch_size"], prompt_labels=data_cfg["prompt_labels"],
-    )
-    held_keys = {(s, p.id) for s, p in held_prompts}
-    train_ex = [e for e in examples if (e.source, e.prompt_id) not in held_keys]
-    held_ex = [e for e in examples if (e.source, e.prompt_id) in held_keys]
+    train_ex, held_ex = _distil_examples(target, tokenizer, num_prompts)
     timings["generate_s"] = time.perf_counter() - t
-    logger.info("generated %d positions (%d along greedy paths) in %.0fs",
-                sum(e.num_positions for e in examples), sum(e.num_generated for e in examples),
-                timings["generate_s"])
-
     t = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -152,13 +134,38 @@ def _build_draft_into(
                              window=train_cfg["window"], lr=train_cfg["lr"], seed=seed,
                              end_share=train_cfg["end_share"])
     timings["train_s"] = time.perf_counter() - t
-    logger.info("trained %d steps in %.0fs (loss %.2f -> %.2f)", steps, timings["train_s"],
-                losses[0], losses[-1])
+    logger.info("trained %d steps in %.0fs (loss %.2f -> %.2f)", steps, timings["train_s"], losses[0], losses[-1])
     t = time.perf_counter()
     after = draft_agreement(draft, held_ex)
     timings["measure_s"] = time.perf_counter() - t
-
     t = time.perf_counter()
+    copied = _save_draft(draft, out, target_dir)
+    timings["save_s"] = time.perf_counter() - t
+    return _marker(out, request, copied, train_ex, held_ex, losses, (before, after), timings)
+
+
+def _distil_examples(target: Any, tokenizer: Any, num_prompts: int | None) -> tuple[list[Any], list[Any]]:
+    """The target's greedy continuations of the training and the held-out prompts."""
+    data_cfg = DRAFT_RECIPE["data"]
+    train_prompts, held_prompts = split_prompts(data_cfg["sources"])
+    if num_prompts is not None:  # a smaller build (tests): every n-th prompt of each split
+        train_prompts = train_prompts[:: max(1, len(train_prompts) // num_prompts)][:num_prompts]
+        held_prompts = held_prompts[:: max(1, len(held_prompts) // num_prompts)][:num_prompts]
+    logger.info("generating the target's greedy continuations of %d prompts", len(train_prompts) + len(held_prompts))
+    examples = generate_distill_data(
+        target, tokenizer, train_prompts + held_prompts,
+        max_new_tokens=data_cfg["max_new_tokens"], top_k=data_cfg["top_k"],
+        batch_size=data_cfg["generation_batch_size"], prompt_labels=data_cfg["prompt_labels"],
+    )
+    held_keys = {(s, p.id) for s, p in held_prompts}
+    logger.info("generated %d positions (%d along greedy paths)", sum(e.num_positions for e in examples),
+                sum(e.num_generated for e in examples))
+    return ([e for e in examples if (e.source, e.prompt_id) not in held_keys],
+            [e for e in examples if (e.source, e.prompt_id) in held_keys])
+
+
+def _save_draft(draft: Any, out: Path, target_dir: Path) -> list[str]:
+    """Save the draft with the target's tokenizer files; the files copied."""
     for p in draft.parameters():
         p.requires_grad_(True)
     with quiet_transformers():
@@ -168,29 +175,33 @@ def _build_draft_into(
     for key in ("quantization_config", "_name_or_path", "_model_name_or_path"):
         cfg.pop(key, None)
     write_json(cfg_path, cfg)
-    copied = _copy_tokenizer_files(target_dir, out)
-    timings["save_s"] = time.perf_counter() - t
+    return _copy_tokenizer_files(target_dir, out)
+
+
+def _marker(out: Path, request: dict[str, Any], copied: list[str], train_ex: list[Any], held_ex: list[Any],
+            losses: list[float], agreement: tuple[Any, Any], timings: dict[str, float]) -> dict[str, Any]:
+    """What the marker file records of a finished build."""
     k = max(1, len(losses) // 10)
     return {
         "format": DRAFT_RECIPE["format"],
         "name": out.name,
         "request": request,
         "tokenizer_files": copied,
-        "num_hidden_layers": len(arch["target_layers"]),
+        "num_hidden_layers": len(DRAFT_RECIPE["architecture"]["target_layers"]),
         "data": {
             "train_prompts": len(train_ex),
             "train_positions": sum(e.num_positions for e in train_ex),
             "train_generated_positions": sum(e.num_generated for e in train_ex),
             "held_out_prompts": {s: sorted(e.prompt_id for e in held_ex if e.source == s)
-                                 for s in data_cfg["sources"]},
+                                 for s in DRAFT_RECIPE["data"]["sources"]},
             "held_out_generated_positions": sum(e.num_generated for e in held_ex),
         },
         "train_loss": {"first": round(sum(losses[:k]) / k, 4),
                        "last": round(sum(losses[-k:]) / k, 4), "averaged_over_steps": k},
         "agreement": {"metric": "held-out share of positions along the target's greedy path "
                                 "where the draft's argmax equals the target's (float32)",
-                      "before_training": before, "after_training": after},
-        "timings_s": {k2: round(v, 1) for k2, v in timings.items()},
+                      "before_training": agreement[0], "after_training": agreement[1]},
+        "timings_s": {key: round(v, 1) for key, v in timings.items()},
         "versions": versions("torch", "transformers", "tokenizers"),
     }
 
