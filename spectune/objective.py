@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from spectune.errors import EngineError
 from spectune.measurement import relative_noise, spec_key, speedup
 from spectune.records import INTERRUPTED, TrialRecord, write_fields, write_study_fields
-from spectune.search import Snapshot
 from spectune.storage import MeasurementStore
 from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs
 
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from spectune.measurement import Measurement
     from spectune.trial import TrialHook
 
-__all__ = ["TrialFunction", "headline", "progress_of", "trial_id"]
+__all__ = ["TrialFunction", "headline", "trial_id"]
 
 
 def headline(m: Measurement) -> TrialRecord:
@@ -167,7 +166,7 @@ class TrialFunction:
         from spectune.measurement import speedup
         from spectune.results import StudyView
 
-        view = StudyView(self.study, self.store, self.config_url)
+        view = StudyView(self.study, self.store, self.store.url)
         on_front: list[int] = []
         if finishing is not None:
             number, values = finishing
@@ -180,13 +179,3 @@ class TrialFunction:
             if best[1] is None or s > best[1]:
                 best = (c.row.label, s)
         return best
-
-    @property
-    def config_url(self) -> str:
-        return self.store.url
-
-
-def progress_of(trials: Sequence[Snapshot], rec: TrialRecord, budget: int) -> tuple[int, int]:
-    """(number, of) of a search trial about to run, for the progress line: the search's trials
-    count up to the budget (a re-measurement counts no new candidate)."""
-    return sum(1 for t in trials if t.finished) + (not rec.measured_again), budget

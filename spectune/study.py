@@ -247,6 +247,8 @@ def create_study(config: StudyConfig) -> StudyContext:
     Raises ConfigError / StorageError for bad input before anything is written: a resumed
     study must keep its target, workload and engine (:data:`RESUME_KEYS`).
     """
+    import optuna
+
     from spectune.space import load_space
     from spectune.workloads import load_prompts
 
@@ -265,7 +267,7 @@ def create_study(config: StudyConfig) -> StudyContext:
         write_study_fields(study, spectune_config=current, engine_args=resolved,
                            objectives=[o.value for o in config.objectives])
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna_experimental_warning())
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([o.value for o in config.objectives])
         if record.workload_features is None:
             write_study_fields(study, workload_features=compute_features(ctx.prompts).model_dump(mode="json"))
@@ -309,10 +311,6 @@ def study_names(url: str) -> list[str]:
     return [s.study_name for s in optuna.get_all_study_summaries(open_optuna_storage(url), include_best_trial=False)]
 
 
-def optuna_experimental_warning() -> type[Warning]:
-    import optuna
-
-    return optuna.exceptions.ExperimentalWarning
 
 RESUME_KEYS = ("target", "workload", "engine", "engine_args", "repeats")
 """What a resumed study must keep: trials measured otherwise are not comparable (the space, the

@@ -22,13 +22,13 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spectune.errors import ConfigError, EngineError
 from spectune.measurement import spec_key
-from spectune.objective import TrialFunction, progress_of, trial_id
+from spectune.objective import TrialFunction, trial_id
 from spectune.records import (
     INTERRUPTED,
     RECORD_VERSION,
@@ -231,7 +231,7 @@ class _Worker:
                          spec=spec.to_vllm() or {"method": "none"}, spec_key=key,
                          placement=Placement(host=self.host, gpus=slot.label, pid=os.getpid()),
                          duplicate_of=earlier)  # a duplicate is answered from the earlier trial
-            return _Claim(trial, spec, progress or progress_of(trials, rec, self.ctx.config.trials))
+            return _Claim(trial, spec, progress or _progress_of(trials, rec, self.ctx.config.trials))
 
     def loop(self, slot: Slot) -> None:
         """Ask, measure and tell until the search says stop (or a sampler keeps repeating itself)."""
@@ -308,6 +308,12 @@ class _Worker:
             raise
         if errors:
             raise errors[0]
+
+
+def _progress_of(trials: Sequence[Snapshot], rec: TrialRecord, budget: int) -> tuple[int, int]:
+    """(number, of) of a search trial about to run, for the progress line: the search's trials
+    count up to the budget (a re-measurement counts no new candidate)."""
+    return sum(1 for t in trials if t.finished) + (not rec.measured_again), budget
 
 
 def _same_candidate(trials: list[Snapshot], key: str, number: int) -> int | None:
