@@ -157,6 +157,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         f"temperature {m.workload.sampling.temperature}, concurrency {m.concurrency}",
         f"measured with vLLM {m.versions.vllm}, torch {m.versions.torch}, spectune {m.versions.spectune} "
         f"on {m.hardware.platform}: {m.hardware.cpu}" + (f", {', '.join(m.hardware.gpus)}" if m.hardware.gpus else ""),
+        *(f"{key} set by spectune for this platform, {why}" for key, why in m.engine_defaults.items()),
         f"full record: {_provenance_path(path).name}",
     ]
     text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(config, sort_keys=False)
@@ -178,6 +179,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
                      "measurements": baseline},
         "workload": m.workload.model_dump(mode="json"),
         "engine_command": m.command,
+        "engine_defaults": m.engine_defaults,
         "versions": m.versions.model_dump(),
         "hardware": m.hardware.model_dump(),
         "vllm_config": config,

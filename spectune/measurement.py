@@ -152,6 +152,9 @@ class Measurement(BaseModel):
     schema_version: int = SCHEMA_VERSION
     spec: SpecConfig
     engine: EngineArgs = Field(description="Engine arguments as resolved for this platform.")
+    engine_defaults: dict[str, str] = Field(
+        default_factory=dict,
+        description="The engine arguments the platform filled in (the user set none), each with its value and why.")
     workload: WorkloadSpec
     concurrency: int
     command: list[str]

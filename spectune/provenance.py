@@ -9,7 +9,7 @@ import platform
 import shutil
 import subprocess
 
-from spectune.engines import detect_platform, vllm_version
+from spectune.engines import cpu_features, detect_platform, vllm_version
 from spectune.measurement import CPU_FEATURES, Hardware, Versions
 
 __all__ = ["Hardware", "Versions", "hardware", "versions"]
@@ -43,18 +43,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _cpu_features() -> list[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return [x for x in CPU_FEATURES if x in flags]
-    except OSError:
-        pass
-    return []
-
-
 def _gpus(visible: str | None) -> list[str]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
@@ -85,5 +73,5 @@ def hardware(visible_gpus: str | None = None) -> Hardware:
         cpu_count=os.cpu_count() or 1,
         memory_bytes=mem,
         gpus=_gpus(visible_gpus),
-        cpu_features=_cpu_features(),
+        cpu_features=[x for x in CPU_FEATURES if x in cpu_features()],
     )

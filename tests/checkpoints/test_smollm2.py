@@ -10,6 +10,7 @@ import pytest
 
 from spectune.checkpoints import prepare_smollm2
 from spectune.config import ChatMessage, EngineArgs, Prompt, SpecConfig, WorkloadSpec
+from spectune.engines import cpu_dtype, cpu_features
 from spectune.trial import measure
 from spectune.workloads import load_prompts
 
@@ -31,7 +32,9 @@ def test_prepared_smollm2_completes_a_humaneval_prompt_with_python(tmp_path: Pat
         role="user", content=f"Complete this Python function.\n```python\n{p.as_text()}```")]) for p in humaneval]
     m = measure(EngineArgs(model=str(model), max_model_len=2048), SpecConfig(), wl, prompts,
                 log_dir=tmp_path, startup_timeout=600)
-    assert m.num_failed == 0 and m.engine.dtype == "bfloat16"
+    # the engine's data type follows the processor, and says why
+    dtype, why = cpu_dtype(cpu_features())
+    assert m.num_failed == 0 and m.engine.dtype == dtype and m.engine_defaults["dtype"] == why
     parsed = []
     for req in m.requests:
         assert req.output_tokens and req.text.strip()
