@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,6 +15,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from spectune.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+ProgressHook = Callable[[str, int, int], None]
+"""Progress of a long job, injected by the caller (None: silent): called with ``(phase, done,
+total)`` whenever the job enters a phase or counts one more item in it. ``total`` > 0 makes the
+phase countable (requests sent, training steps); 0 leaves it open-ended (an engine starting).
+A phase is named for a person ("training the draft for {total} steps": the renderer puts the
+count in), or by a short key that its renderer names (a trial's "start", "warmup", "measure")."""
+
+
+def silent(phase: str, done: int, total: int) -> None:
+    """The :data:`ProgressHook` of a job nobody watches."""
 
 
 class StrictModel(BaseModel):

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from spectune._util import ProgressHook
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.counters import fetch_counters
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer
@@ -37,8 +38,9 @@ __all__ = ["TrialHook", "measure", "plan_windows", "split_windows", "warmup_prom
 
 _logger = logging.getLogger(__name__)
 
-TrialHook = Callable[[str, int, int], None]
-"""Progress: called with (phase, done, total); phases are "start", "warmup", "measure"."""
+TrialHook = ProgressHook
+"""A trial's progress (:data:`~spectune._util.ProgressHook`): its phases are "start" (the engine
+starting, open-ended), "warmup" and "measure" (requests, counted)."""
 
 
 def window_stats(result: LoadResult) -> WindowStats:
@@ -84,7 +86,7 @@ def _log_name(spec: SpecConfig) -> str:
 
 def summarize(
     results: Sequence[LoadResult], *, spec: SpecConfig, engine: EngineArgs, workload: WorkloadSpec,
-    acceptance: AcceptanceStats | None, command: list[str], log_path: str | None,
+    engine_defaults: dict[str, str] | None = None, acceptance: AcceptanceStats | None, command: list[str], log_path: str | None,
     started_at: dt.datetime, startup_seconds: float, peak_memory_bytes: int | None,
 ) -> Measurement:
     """Turn the windows' request records and counters into a Measurement.
@@ -98,7 +100,8 @@ def summarize(
     d = sum(res.duration for res in results)
     windows = [window_stats(res) for res in results]
     return Measurement(
-        spec=spec, engine=engine, workload=workload, concurrency=results[0].concurrency,
+        spec=spec, engine=engine, engine_defaults=engine_defaults or {}, workload=workload,
+        concurrency=results[0].concurrency,
         command=command, log_path=log_path, started_at=started_at, startup_seconds=startup_seconds,
         duration_seconds=d, num_requests=len(records), num_failed=len(records) - len(ok),
         input_tokens=in_tokens, output_tokens=out_tokens,
@@ -151,7 +154,7 @@ def measure(
     log_path = Path(log_dir) / _log_name(spec)
     started_at = dt.datetime.now(dt.timezone.utc)
     server = server_factory(engine, spec, log_path=log_path, startup_timeout=startup_timeout)
-    hook("start", 0, 1)
+    hook("start", 0, 0)
     with server:
         run = _Run(server, workload, hook, window_timeout, len(prompts))
         try:
@@ -170,7 +173,8 @@ def measure(
         if not server.is_running():
             raise _crashed(server)
         m = summarize(
-            results, spec=spec, engine=server.args, workload=workload, acceptance=acc,
+            results, spec=spec, engine=server.args, engine_defaults=server.defaults,
+            workload=workload, acceptance=acc,
             command=server.command, log_path=str(log_path), started_at=started_at,
             startup_seconds=server.startup_seconds or 0.0,
             peak_memory_bytes=server.peak_memory_bytes(),
@@ -206,7 +210,7 @@ class _Run:
     def warm_up(self) -> None:
         """Neutral requests, before the counters are read: not measured."""
         if self.workload.warmup_requests:
-            warm = warmup_prompts(self.workload.warmup_requests)
+            warm = warmup_prompts(self.workload.warmup_requests, self.workload.sampling.max_tokens)
             self.hook("warmup", 0, len(warm))
             run_load(self.server.base_url, self.model, warm, self.workload, concurrency=1, timeout=self.timeout)
 
@@ -250,9 +254,17 @@ def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:
     return False
 
 
-def warmup_prompts(n: int) -> list[Prompt]:
-    """Neutral warm-up requests, unrelated to any workload's prompts."""
-    return [Prompt(id=f"warmup-{i}", text=f"Warm-up request {i}: count from one to ten.") for i in range(n)]
+WARMUP_TOKENS = 16
+"""Output tokens of a warm-up request at most: enough to run prefill and decode steps, the
+speculative ones included, once, without spending a whole request's time."""
+
+
+def warmup_prompts(n: int, max_tokens: int = WARMUP_TOKENS) -> list[Prompt]:
+    """Neutral warm-up requests, unrelated to any workload's prompts, of at most
+    :data:`WARMUP_TOKENS` output tokens (fewer where ``max_tokens`` asks for fewer)."""
+    tokens = min(max_tokens, WARMUP_TOKENS)
+    return [Prompt(id=f"warmup-{i}", text=f"Warm-up request {i}: count from one to ten.", max_tokens=tokens)
+            for i in range(n)]
 
 
 def plan_windows(prompts: Sequence[Prompt], workload: WorkloadSpec,

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from spectune._util import ProgressHook, silent
 from spectune.checkpoints._distil_data import DistillExample
 from spectune.errors import ConfigError, SpectuneError
 
@@ -161,6 +162,7 @@ def train_draft(
     seed: int = 0,
     end_share: float = 0.5,
     restrict_vocab: bool = True,
+    progress: ProgressHook | None = None,
 ) -> list[float]:
     """Distil ``examples`` into ``draft`` for ``steps`` steps; return the loss of every step.
 
@@ -169,7 +171,7 @@ def train_draft(
     minimises :func:`distill_loss` at every position over the draft's
     trainable parameters (AdamW, one-cycle learning rate peaking at ``lr``, gradient norm
     clipped at 1). With ``restrict_vocab`` the softmax runs over the tokens that occur in the
-    examples' top-k only.
+    examples' top-k only. ``progress`` counts the steps.
     """
     import torch
 
@@ -187,7 +189,9 @@ def train_draft(
              if restrict_vocab else None)
     losses: list[float] = []
     draft.train()
-    for _ in range(steps):
+    hook = progress or silent
+    for step in range(steps):
+        hook("training the draft for {total} steps", step, steps)
         batch = window_batch(examples,
                              _pick_windows(examples, batch_size, window, gen, end_share))
         loss = distill_loss(draft, batch, vocab=vocab)

@@ -10,6 +10,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from spectune._util import ProgressHook, silent
+
 __all__ = ["DEFAULT_STEPS", "DRAFT_MARKER", "DRAFT_RECIPE", "HELD_OUT", "THREADS", "TOKENIZER_GLOBS", "DistillExample",
            "draft_name", "generate_distill_data", "split_prompts", "torch_threads"]
 
@@ -160,6 +162,7 @@ def generate_distill_data(
     top_k: int,
     batch_size: int = 64,
     prompt_labels: int | None = None,
+    progress: ProgressHook | None = None,
 ) -> list[DistillExample]:
     """The target's greedy continuations of ``prompts`` ((source, Prompt) pairs), with its top-k
     logits at every position of prompt and continuation (see :class:`DistillExample`).
@@ -169,8 +172,9 @@ def generate_distill_data(
     prompt positions' logits come from the same prefill (a hook on the final norm), so the
     prompt costs one forward pass. A continuation ends after the first end-of-sequence token
     or at ``max_new_tokens``. ``prompt_labels`` keeps the top-k of only that many last positions
-    of each prompt (None: all).
+    of each prompt (None: all). ``progress`` counts the prompts generated, batch by batch.
     """
+    report = progress or silent
 
     eos = target.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -191,6 +195,7 @@ def generate_distill_data(
     target.eval()
     try:
         for b in range(0, len(order), batch_size):
+            report("generating the target's continuations of {total} prompts", b, len(order))
             batch = [(i, *encoded[i]) for i in order[b: b + batch_size]]
             prefill.clear()
             out.update(_generate_batch(target, batch, pad, eos_ids, prefill, max_new_tokens=max_new_tokens,

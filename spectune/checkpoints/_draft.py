@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune._hf import dtype_kwarg, quiet_transformers
+from spectune._util import ProgressHook, silent
 from spectune.checkpoints._cache import (
     default_cache_dir,
     import_checkpoint_deps,
@@ -106,7 +107,7 @@ def _copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
 
 def _build_draft_into(
     target_dir: Path, out: Path, *, seed: int, steps: int, num_prompts: int | None,
-    request: dict[str, Any],
+    request: dict[str, Any], progress: ProgressHook,
 ) -> dict[str, Any]:
     """Distil a draft of the target in ``target_dir`` into ``out``; its marker's content."""
     import torch
@@ -115,36 +116,41 @@ def _build_draft_into(
     arch, train_cfg = DRAFT_RECIPE["architecture"], DRAFT_RECIPE["training"]
     timings: dict[str, float] = {}
     t = time.perf_counter()
+    progress("loading the target", 0, 0)
     with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
         target = LlamaForCausalLM.from_pretrained(str(target_dir), **dtype_kwarg(torch.float32))
     target.eval()
     timings["load_target_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    train_ex, held_ex = _distil_examples(target, tokenizer, num_prompts)
+    train_ex, held_ex = _distil_examples(target, tokenizer, num_prompts, progress)
     timings["generate_s"] = time.perf_counter() - t
     t = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         draft = init_draft_from_target(target, arch["target_layers"])
         del target
+        progress("measuring the untrained draft's agreement", 0, 0)
         before = draft_agreement(draft, held_ex)
         logger.info("distilling %d examples into the draft (%d steps)", len(train_ex), steps)
         losses = train_draft(draft, train_ex, steps=steps, batch_size=train_cfg["batch_size"],
                              window=train_cfg["window"], lr=train_cfg["lr"], seed=seed,
-                             end_share=train_cfg["end_share"])
+                             end_share=train_cfg["end_share"], progress=progress)
     timings["train_s"] = time.perf_counter() - t
     logger.info("trained %d steps in %.0fs (loss %.2f -> %.2f)", steps, timings["train_s"], losses[0], losses[-1])
     t = time.perf_counter()
+    progress("measuring the draft's agreement", 0, 0)
     after = draft_agreement(draft, held_ex)
     timings["measure_s"] = time.perf_counter() - t
     t = time.perf_counter()
+    progress("saving the draft", 0, 0)
     copied = _save_draft(draft, out, target_dir)
     timings["save_s"] = time.perf_counter() - t
     return _marker(out, request, copied, train_ex, held_ex, losses, (before, after), timings)
 
 
-def _distil_examples(target: Any, tokenizer: Any, num_prompts: int | None) -> tuple[list[Any], list[Any]]:
+def _distil_examples(target: Any, tokenizer: Any, num_prompts: int | None,
+                     progress: ProgressHook) -> tuple[list[Any], list[Any]]:
     """The target's greedy continuations of the training and the held-out prompts."""
     data_cfg = DRAFT_RECIPE["data"]
     train_prompts, held_prompts = split_prompts(data_cfg["sources"])
@@ -155,7 +161,7 @@ def _distil_examples(target: Any, tokenizer: Any, num_prompts: int | None) -> tu
     examples = generate_distill_data(
         target, tokenizer, train_prompts + held_prompts,
         max_new_tokens=data_cfg["max_new_tokens"], top_k=data_cfg["top_k"],
-        batch_size=data_cfg["generation_batch_size"], prompt_labels=data_cfg["prompt_labels"],
+        batch_size=data_cfg["generation_batch_size"], prompt_labels=data_cfg["prompt_labels"], progress=progress,
     )
     held_keys = {(s, p.id) for s, p in held_prompts}
     logger.info("generated %d positions (%d along greedy paths)", sum(e.num_positions for e in examples),
@@ -214,6 +220,7 @@ def build_smollm2_draft(
     steps: int = DEFAULT_STEPS,
     seed: int = 0,
     num_prompts: int | None = None,
+    progress: ProgressHook | None = None,
 ) -> Path:
     """Build (once) a distilled draft for ``target`` (default: SmolLM2-135M-Instruct); return it.
 
@@ -229,7 +236,8 @@ def build_smollm2_draft(
     under 2 for training); ``steps`` costs about 1 s each.
 
     ``num_prompts`` limits the prompts of each split (training, held out) for quick builds of
-    small targets (tests); None takes them all.
+    small targets (tests); None takes them all. ``progress`` hears each phase, the prompts
+    generated and the training steps counted (:data:`~spectune._util.ProgressHook`).
 
     Idempotent: when the folder holds a finished build of the same request (target weights'
     size and mtime, recipe, seed, steps, num_prompts), it is returned at once unless ``force``.
@@ -245,9 +253,10 @@ def build_smollm2_draft(
         raise ConfigError(f"steps must be at least 1, got {steps}")
     if num_prompts is not None and num_prompts < 1:
         raise ConfigError(f"num_prompts must be at least 1, got {num_prompts}")
+    hook = progress or silent
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if target is None:
-        target = prepare_smollm2(root)
+        target = prepare_smollm2(root, progress=hook)
     target = Path(target).expanduser()
     if not (target / "config.json").is_file():
         raise ConfigError(f"{target}: no target model there (no config.json)")
@@ -258,6 +267,7 @@ def build_smollm2_draft(
     if not force and _draft_is_built(dest, request):
         logger.debug("draft already built in %s", dest)
         return dest
+    hook("importing torch and transformers", 0, 0)
     import_checkpoint_deps()
     prefix = f".{name}.build-"
     try:
@@ -272,7 +282,7 @@ def build_smollm2_draft(
                 try:
                     with torch_threads(THREADS):
                         marker = _build_draft_into(target, out, seed=seed, steps=steps,
-                                                   num_prompts=num_prompts, request=request)
+                                                   num_prompts=num_prompts, request=request, progress=hook)
                 except (OSError, SpectuneError):
                     raise
                 except Exception as e:  # foreign errors from torch/transformers, at the border

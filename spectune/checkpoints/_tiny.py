@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from spectune._hf import quiet_transformers
+from spectune._util import ProgressHook, silent
 from spectune.checkpoints._cache import (
     import_checkpoint_deps,
     lock,
@@ -188,7 +189,7 @@ def _llama_config(tokenizer: Any, num_layers: int) -> Any:
     )
 
 
-def _train_draft(draft: Any, ids: Any, seed: int) -> float:
+def _train_draft(draft: Any, ids: Any, seed: int, progress: ProgressHook) -> float:
     """Train ``draft`` as a language model on the token stream ``ids``; return the last loss."""
     import torch
     import torch.nn.functional as F
@@ -202,7 +203,8 @@ def _train_draft(draft: Any, ids: Any, seed: int) -> float:
     vocab = draft.config.vocab_size
     draft.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(steps):
+    for step in range(steps):
+        progress("training the draft for {total} steps", step, steps)
         starts = torch.randint(0, len(ids) - seq_len - 1, (batch, 1), generator=gen)
         x = ids[starts + offsets]
         logits = draft(input_ids=x[:, :-1]).logits
@@ -215,12 +217,13 @@ def _train_draft(draft: Any, ids: Any, seed: int) -> float:
     return float(loss.detach())
 
 
-def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str) -> dict[str, Any]:
+def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str, progress: ProgressHook) -> dict[str, Any]:
     """Build tokenizer, draft and target under ``work`` (``target/``, ``draft/``)."""
     import torch
     from transformers import LlamaForCausalLM
 
     t0 = time.perf_counter()
+    progress("training the tokenizer", 0, 0)
     texts = _stdlib_corpus(_TINY_RECIPE["corpus"]["max_chars"])
     tokenizer = _train_tokenizer(texts, vocab_size)
     tok_dir = work / "tokenizer"
@@ -236,7 +239,7 @@ def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str) -> d
         torch.manual_seed(seed)
         draft = LlamaForCausalLM(_llama_config(tokenizer, _TINY_RECIPE["draft_layers"]))
         target = LlamaForCausalLM(_llama_config(tokenizer, _TINY_RECIPE["target_layers"]))
-        loss = _train_draft(draft, ids, seed)
+        loss = _train_draft(draft, ids, seed, progress)
     # The target inherits everything the draft has; its layers 1.. keep their random init.
     state = target.state_dict()
     for name, tensor in draft.state_dict().items():
@@ -254,6 +257,7 @@ def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str) -> d
         "draft_final_train_loss": round(loss, 4),
         "versions": versions("torch", "transformers", "tokenizers"),
     }
+    progress("saving the models", 0, 0)
     for role, model in (("target", target), ("draft", draft)):
         folder = work / role
         with quiet_transformers():
@@ -274,7 +278,8 @@ def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str) -> d
 
 
 def build_tiny(
-    directory: Path, *, seed: int = 0, vocab_size: int = 1024, force: bool = False
+    directory: Path, *, seed: int = 0, vocab_size: int = 1024, force: bool = False,
+    progress: ProgressHook | None = None,
 ) -> TinyModels:
     """Build a tiny Llama target and draft under ``directory`` (``target/`` and ``draft/``).
 
@@ -290,10 +295,13 @@ def build_tiny(
     file ``directory/.spectune-tiny.lock``, so concurrent callers build once and an interrupted
     build leaves no half model behind.
 
+    ``progress`` hears each phase (:data:`~spectune._util.ProgressHook`).
+
     Raises:
         ConfigError: ``vocab_size`` too small, or torch/transformers/tokenizers missing.
         SpectuneError: the folder cannot be written.
     """
+    hook = progress or silent
     if vocab_size < _MIN_VOCAB:
         raise ConfigError(f"vocab_size must be at least {_MIN_VOCAB}, got {vocab_size}")
     directory = Path(directory).expanduser()
@@ -302,6 +310,7 @@ def build_tiny(
     if not force and _tiny_is_built(models, request):
         logger.debug("tiny models already built in %s", directory)
         return models
+    hook("importing torch and transformers", 0, 0)
     import_checkpoint_deps()
     try:
         with lock(directory, ".spectune-tiny.lock"):
@@ -311,7 +320,7 @@ def build_tiny(
             t0 = time.perf_counter()
             work = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=directory))
             try:
-                _build_tiny_into(work, seed, vocab_size, uuid.uuid4().hex)
+                _build_tiny_into(work, seed, vocab_size, uuid.uuid4().hex, hook)
                 swap_in(work / "target", models.target, work / "old-target")
                 swap_in(work / "draft", models.draft, work / "old-draft")
             finally:

@@ -8,6 +8,7 @@ would have run.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -46,9 +47,26 @@ class _Sentinel(Exception):
 
 
 @pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyModels, None]:
-    """One real build for the whole module."""
-    return build_tiny(tmp_path_factory.mktemp("tiny") / "models"), None
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyModels, str]:
+    """One real build for the whole module, by ``spectune models build-tiny`` as a user runs it
+    (its standard error a pipe, not a terminal), and what it said on standard error."""
+    folder = tmp_path_factory.mktemp("tiny") / "models"
+    out = subprocess.run([sys.executable, "-m", "spectune.cli", "models", "build-tiny", str(folder)],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [f"target: {folder / 'target'}", f"draft: {folder / 'draft'}"]
+    return TinyModels(target=folder / "target", draft=folder / "draft"), out.stderr
+
+
+def test_build_tiny_outside_a_terminal_says_each_phase_once_with_its_time(tiny_pair):
+    _, said = tiny_pair
+    phases = ["importing torch and transformers", "training the tokenizer", "training the draft for 300 steps",
+              "saving the models"]
+    lines = said.splitlines()
+    pattern = re.compile(r"build tiny models: (.+) \[(\d+):(\d\d)\]")
+    seen = [m for line in lines if (m := pattern.fullmatch(line))]
+    assert [m.group(1) for m in seen] == [*phases, "done"]  # one line per phase: the steps are not lines
+    elapsed = [int(m.group(2)) * 60 + int(m.group(3)) for m in seen]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > 0
 
 
 def test_build_tiny_writes_target_and_draft_sharing_one_tokenizer(tiny_pair):
@@ -221,7 +239,7 @@ def test_prepare_smollm2_reuses_a_finished_conversion_and_redoes_a_stale_one(
 ):
     gguf = smollm2._smollm2_gguf()
 
-    def no_convert(gguf: Path, out: Path) -> None:
+    def no_convert(gguf: Path, out: Path, progress: object) -> None:
         out.mkdir()
         (out / "config.json").write_text("{}")  # half-written
         raise _Sentinel("converted")
