@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from spectune.config import SpecConfig
 from spectune.predict._cost import Estimate
@@ -31,3 +33,9 @@ class Prediction:
     value: Estimate
     cost_source: str
     note: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """Everything this prediction says, as JSON-ready data (``spectune predict --json``)."""
+        out = dataclasses.asdict(self)
+        out["spec"] = self.spec.model_dump(mode="json", exclude_none=True)
+        return out

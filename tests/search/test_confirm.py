@@ -9,7 +9,7 @@ import pytest
 from landscape_runs import landscape_values, second_engine
 from rich.console import Console
 
-from spectune._progress import render_study
+from spectune._tables import render_study
 from spectune.config import SpecConfig
 from spectune.landscape import Landscape
 from spectune.results import open_study

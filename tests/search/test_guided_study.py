@@ -11,7 +11,7 @@ import pytest
 from landscape_runs import landscape_values, second_engine, slow_once
 from rich.console import Console
 
-from spectune._progress import render_study
+from spectune._tables import render_study
 from spectune.config import SpecConfig
 from spectune.landscape import Landscape
 from spectune.measurement import Measurement

@@ -97,7 +97,7 @@ def test_each_gpu_group_runs_its_own_engine_at_the_same_time(tmp_path: Path, rep
     assert placed == groups  # where each trial ran is recorded with it, and shown
     from rich.console import Console
 
-    from spectune._progress import render_study
+    from spectune._tables import render_study
     from spectune.results import open_study
 
     console = Console(record=True, width=240)
