@@ -169,6 +169,8 @@ class StudyRecord(BaseModel):
     workload_features: dict[str, Any] | None = Field(
         default=None, description="The prompts' features, with the baseline's outputs once it ran.")
     guide: dict[str, Any] | None = Field(default=None, description="Guided search's last plan: what it skipped, and why.")
+    stopped: str | None = Field(default=None, description="Why the search ended before it had measured what it "
+                                "would (the time budget), while it did.")
     gpus_per_engine: int | None = Field(
         default=None, description="GPUs each engine of the study is given (0: placed by its environment); set by the "
         "first worker, the same for every worker after it.")

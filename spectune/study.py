@@ -57,6 +57,18 @@ _logger = logging.getLogger(__name__)
 
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?")
+_UNIT_SECONDS = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``"600"``, ``"90s"``, ``"10m"``, ``"1.5h"`` (ValueError otherwise)."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration: give seconds or a number with s, m or h (10m)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
 class StudyConfig(StrictModel):
     """Everything a study needs; read from YAML (``--config``) with CLI flags on top."""
 
@@ -88,12 +100,22 @@ class StudyConfig(StrictModel):
         "fresh engine: the choice then rests on each one's mean over its engines, and its noise band on "
         "the spread between them (engine starts differ more than windows on one engine).",
     )
+    time_budget: float | None = Field(
+        default=None, gt=0,
+        description="Engine time the study may spend, summed over its trials on every worker: seconds, or "
+        "with a unit (90s, 10m, 2h). After the baseline, a trial starts only if it is expected to end within it "
+        "(trials take as long as the median one so far); the choice is made from what was measured.")
     startup_timeout: float = Field(default=DEFAULT_STARTUP_TIMEOUT, gt=0,
                                    description="Seconds an engine may take to become healthy (loading, compiling).")
     window_timeout: float | None = Field(default=1800.0, gt=0)
     log_dir: Path = Path("storage/logs")
     heartbeat_interval: int = Field(default=30, ge=1, description="Seconds between a worker's heartbeats.")
     grace_period: int = Field(default=120, ge=2, description="A RUNNING trial silent this long is stale.")
+
+    @field_validator("time_budget", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return parse_duration(v) if isinstance(v, str) else v
 
     @field_validator("objectives")
     @classmethod
@@ -148,7 +170,9 @@ def load_study_config(path: Path | None, overrides: dict[str, Any]) -> StudyConf
 class StudyEvent:
     """Progress of a study, given to the progress hook after each trial and during one."""
 
-    kind: str  # "trial_start", "trial_phase", "trial_end", "guide_stop" (done = candidates skipped)
+    kind: str
+    """"trial_start", "trial_phase", "trial_end", "guide_stop" (``done``: candidates skipped),
+    "budget_stop" (``done``: engine seconds spent, ``of``: the time budget)."""
     number: int
     total: int
     label: str

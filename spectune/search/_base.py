@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import datetime
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +26,15 @@ class Snapshot:
     params: dict[str, Any]
     values: list[float] | None
     rec: TrialRecord
+    seconds: float | None = None
+    """How long it has run: from its start to its end, or until now while it runs (None: not started)."""
 
     @classmethod
     def of(cls, t: optuna.trial.FrozenTrial) -> Snapshot:
+        start, end = t.datetime_start, t.datetime_complete
+        seconds = None if start is None else ((end or datetime.datetime.now()) - start).total_seconds()
         return cls(t.number, t.state.name, dict(t.params), list(t.values) if t.values is not None else None,
-                   TrialRecord.of(t))
+                   TrialRecord.of(t), seconds)
 
     @property
     def in_flight(self) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from spectune.predict import DraftReplays
 from spectune.records import (
     RECHECK_BEST,
     RECHECK_SURPRISE,
+    StudyRecord,
     TrialRecord,
     write_study_fields,
 )
@@ -93,18 +95,22 @@ class StudyStrategy(SearchStrategy):
     def __init__(
         self, *, space: SearchSpace, store: MeasurementStore, url: str, sampler: str, objectives: int,
         trials: int, confirm: int, on_guide_stop: Callable[[int], None] | None = None,
+        time_budget: float | None = None, on_budget_spent: Callable[[float], None] | None = None,
     ) -> None:
         self.space = space
         self.store = store
         self.url = url
         self.trials = trials
         self.confirm = confirm
+        self.time_budget = time_budget
+        self.on_budget_spent = on_budget_spent
         self.candidates = count_candidates(space)
         self.guided = sampler == "guided" and objectives == 1 and self.candidates is not None
         self.grid = sampler == "grid"
         self.on_guide_stop = on_guide_stop
         self.drafts = DraftReplays()  # the drafts' offline runs, kept while this search lives
         self._stop_reported = False
+        self._budget_reported = False
         if sampler == "guided" and not self.guided:
             _logger.info("guided search needs one objective and a space that can be listed; using %s",
                          "NSGA-II" if objectives > 1 else "TPE")
@@ -113,11 +119,42 @@ class StudyStrategy(SearchStrategy):
         trials = snapshots(study)
         for phase in (self._baseline, self._search, self._confirmations):
             decision = phase(study, trials)
+            if isinstance(decision, Run) and phase != self._baseline:
+                spent = self._out_of_time(trials)
+                if spent is not None:
+                    return self._budget_spent(study, trials, spent)
+                if StudyRecord.of(study).stopped:  # a resumed study with a larger budget goes on
+                    write_study_fields(study, stopped="")
             if decision is not None:
                 return decision
         if any(t.state == "RUNNING" for t in trials):
             return Wait("the last trials are running on other workers")
         return Stop("the search and its confirmations are done")
+
+    def _out_of_time(self, trials: Sequence[Snapshot]) -> float | None:
+        """The engine time spent, where one more trial would take the study past its
+        ``time_budget``; None while it fits. A trial is expected to take as long as the median
+        trial measured so far (answers from earlier trials take none), a running one at least that."""
+        if self.time_budget is None:
+            return None
+        ran = [t for t in trials if t.seconds is not None and t.rec.duplicate_of is None]
+        ended = [t.seconds for t in ran if not t.in_flight and t.seconds is not None]
+        typical = statistics.median(ended) if ended else 0.0
+        spent = sum(max(t.seconds or 0.0, typical) if t.in_flight else t.seconds or 0.0 for t in ran)
+        return spent if spent + typical > self.time_budget else None
+
+    def _budget_spent(self, study: optuna.Study, trials: Sequence[Snapshot], spent: float) -> Decision:
+        if any(t.in_flight for t in trials):
+            return Wait("the time budget leaves no room for another trial; the trials running may end the study")
+        write_study_fields(study, stopped=f"the time budget is spent: {spent:.0f} s of engine time of "
+                                          f"{self.time_budget:.0f} s")
+        if not self._budget_reported:
+            _logger.info("the time budget (%.0f s of engine time) is spent: %.0f s; no more trials start",
+                         self.time_budget, spent)
+            self._budget_reported = True
+            if self.on_budget_spent is not None:
+                self.on_budget_spent(spent)
+        return Stop(f"the time budget is spent ({spent:.0f} s of engine time)")
 
     # -- phases: each returns a decision, or None when it has nothing (more) to do ------------
     def _baseline(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
@@ -199,9 +236,11 @@ class StudyStrategy(SearchStrategy):
         rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
         contested = rechecked is not None and not any(t.rec.guided and t.number > rechecked for t in trials)
         plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step, contested=contested)
+        errors = inputs.errors()
         write_study_fields(study, guide={
             "best_measured": best,
             "engine_spread": spread,
+            "errors": errors.record() if errors is not None else None,
             "candidates_left": len(plan.candidates),
             "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                          "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}
