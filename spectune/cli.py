@@ -118,7 +118,8 @@ def measure(
     selected = load_prompts(workload)
     from spectune._progress import trial_progress
 
-    with trial_progress(_err_console(), candidate.label(), enabled=not _state["debug"]) as hook:
+    with trial_progress(_err_console(), candidate.label(), startup_timeout=startup_timeout,
+                        enabled=not _state["debug"]) as hook:
         m = run_measure(engine, candidate, workload, selected, log_dir=log_dir,
                         startup_timeout=startup_timeout, progress=hook, repeats=repeats)
     if as_json:
@@ -143,6 +144,7 @@ def optimize(
     seed: Annotated[Optional[int], typer.Option()] = None,
     sampler: Annotated[Optional[str], typer.Option(help="guided (default: measure what the models predict best or know least, stop when the rest is clearly worse), tpe, random or grid.")] = None,
     confirm: Annotated[Optional[int], typer.Option(min=0, help="After the search, measure the baseline and this many best configurations again on fresh engines; choose on the means.")] = None,
+    time_budget: Annotated[Optional[str], typer.Option(help="Engine time the study may spend over all its trials: seconds or 90s, 10m, 2h. No trial starts that would end past it.")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair).")] = None,
     create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
 ) -> None:
@@ -154,7 +156,7 @@ def optimize(
     cfg = load_study_config(config, {
         "target": target, "draft": draft, "space": space, "workload": workload,
         "objectives": objective or None, "trials": trials, "storage": storage,
-        "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm,
+        "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
     })
     slots = parse_gpus(gpus)
     with worker_claim(resolve_storage_url(cfg.storage)):  # a second process on SQLite writes nothing
@@ -191,7 +193,7 @@ def _work(ctx: StudyContext, slots: list[Slot]) -> None:
     from spectune.worker import run_worker
 
     console = _err_console()
-    with StudyProgress(console, ctx.config.trials) as progress:
+    with StudyProgress(console, ctx.config.trials, startup_timeout=ctx.config.startup_timeout) as progress:
         result = run_worker(ctx, slots=slots, progress=progress.on_event, trial_progress=progress.trial_hook)
     console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
                   f"{result.reused} reused here; {result.finished} of {ctx.config.trials} trials finished; "
@@ -215,16 +217,26 @@ def _print_best(view: StudyView) -> None:
     typer.echo(f"best: {choice.row.label} (trial {choice.row.number}) - {choice.reason}")
 
 
+def _print_json(record: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(record, indent=2, default=str) + "\n")
+
+
 @app.command()
 def show(
     storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     study: Annotated[Optional[str], typer.Option(help="Study name (default: the newest).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the study's full record as JSON.")] = False,
 ) -> None:
     """The study's trials, best first, with speedup over the baseline, acceptance and state."""
-    from spectune._progress import render_study
+    from spectune._tables import render_study
     from spectune.results import open_study
 
     view = open_study(storage, study)
+    if as_json:
+        _print_json(view.record())
+        return
     render_study(view)
     _print_best(view)
 
@@ -283,12 +295,15 @@ def predict(
     concurrency: Annotated[Optional[str], typer.Option(
         help="Also predict throughput and TPOT at these concurrency levels, e.g. 1,8,32 "
              "(needs a study whose workload swept concurrency_levels).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every prediction's full record as JSON.")] = False,
 ) -> None:
     """Rank the space's unmeasured candidates by predicted objective, with intervals and their source."""
+    import dataclasses
+
     from rich.console import Console
 
+    from spectune._tables import levels_table, predictions_table
     from spectune.errors import ConfigError
-    from spectune.predict import levels_table, predictions_table
     from spectune.results import open_study
     from spectune.search import study_inputs
 
@@ -303,16 +318,28 @@ def predict(
     view = open_study(storage, study)
     inputs = study_inputs(view)
     predictions = inputs.predict()
-    title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
-    Console().print(predictions_table(predictions[:top], title=title))
+    errors = inputs.errors()
+    record: dict[str, Any] = {"study": view.name, "predictions": [p.record() for p in predictions[:top]],
+                              "errors": errors.record() if errors is not None else None}
+    console = Console()
+    if not as_json:
+        title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
+        console.print(predictions_table(console, predictions[:top], title=title))
+        console.print(errors.line() if errors is not None else
+                      "no speculative configuration measured yet: these predictions rest on replay and priors alone")
     if levels:
         model = inputs.concurrency_model()
         shown = [*inputs.measured_predictions(), *predictions[:top]]  # the measured ones too, moved elsewhere
         scaled = inputs.at_concurrency(shown, levels, model)  # refuses a study without a sweep
         assert model is not None
-        Console().print(levels_table(shown, scaled, title=(
-            f"at other concurrency: step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
-            f"fitted on the baseline at {', '.join(map(str, model.step.levels))}")))
+        record["at_concurrency"] = [{"label": p.label, "levels": [dataclasses.asdict(lp) for lp in row]}
+                                    for p, row in zip(shown, scaled, strict=True)]
+        if not as_json:
+            console.print(levels_table(console, shown, scaled, title=(
+                f"at other concurrency: step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
+                f"fitted on the baseline at {', '.join(map(str, model.step.levels))}")))
+    if as_json:
+        _print_json(record)
 
 
 @workloads_app.command("list")
@@ -332,30 +359,31 @@ def build_tiny(
     force: Annotated[bool, typer.Option(help="Rebuild even if present.")] = False,
 ) -> None:
     """Build tiny Llama target and draft checkpoints sharing one tokenizer (offline, seconds)."""
+    from spectune._progress import phase_progress
     from spectune.checkpoints import build_tiny as build
 
-    built = build(directory, seed=seed, force=force)
+    with phase_progress(_err_console(), "build tiny models") as hook:
+        built = build(directory, seed=seed, force=force, progress=hook)
     typer.echo(f"target: {built.target}\ndraft: {built.draft}")
 
 
 @models_app.command("prepare")
 def prepare(
-    name: Annotated[str, typer.Argument(help="smollm2, or smollm2-draft (a 2-layer draft distilled from it, ~7 min).")] = "smollm2",
+    name: Annotated[str, typer.Argument(help="smollm2, or smollm2-draft (a 2-layer draft distilled from it, 5-12 min).")] = "smollm2",
     cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None,
     force: Annotated[bool, typer.Option()] = False,
 ) -> None:
-    """Convert a shipped model into a checkpoint vLLM serves (offline, once)."""
-    from spectune.checkpoints import prepare_smollm2
+    """Convert a shipped model into a checkpoint vLLM serves (offline, once); print its folder."""
+    from spectune._progress import phase_progress
+    from spectune.checkpoints import build_smollm2_draft, prepare_smollm2
     from spectune.errors import ConfigError
 
-    if name == "smollm2-draft":  # distilled from SmolLM2's own outputs: about 7 minutes on 2 cores
-        from spectune.checkpoints import build_smollm2_draft
-
-        typer.echo(str(build_smollm2_draft(None, cache_dir, force=force)))
-        return
-    if name != "smollm2":
-        raise ConfigError(f"unknown model {name!r}; known: smollm2, smollm2-draft")
-    typer.echo(str(prepare_smollm2(cache_dir, force=force)))
+    builders = {"smollm2": lambda hook: prepare_smollm2(cache_dir, force=force, progress=hook),
+                "smollm2-draft": lambda hook: build_smollm2_draft(None, cache_dir, force=force, progress=hook)}
+    if name not in builders:
+        raise ConfigError(f"unknown model {name!r}; known: {', '.join(builders)}")
+    with phase_progress(_err_console(), f"prepare {name}") as hook:
+        typer.echo(str(builders[name](hook)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from spectune.measurement import Measurement
 
 __all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
-           "open_study", "speedup"]
+           "open_study", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -131,6 +131,14 @@ def engine_spread_note(spread: float | None) -> str | None:
             "twice): a configuration measured on one engine is taken as that uncertain.")
 
 
+def prediction_errors_note(view: StudyView) -> str | None:
+    """How far guided search's predictions missed on the study's own measured configurations,
+    each predicted from the others (leave-one-out, as it last planned), as one sentence; None
+    for a study without guided predictions."""
+    errors = (StudyRecord.of(view.study).guide or {}).get("errors")
+    return f"Predictions: {errors['line']}." if isinstance(errors, dict) and errors.get("line") else None
+
+
 @dataclass(frozen=True)
 class Choice:
     """The configuration to deploy, and why."""
@@ -181,6 +189,24 @@ class StudyView:
     @property
     def name(self) -> str:
         return self.study.study_name
+
+    def record(self) -> dict[str, Any]:
+        """The study as JSON-ready data (``spectune show --json``): its objectives, every trial
+        row, how far engines differ, and the choice with its reason (None before a baseline)."""
+        try:
+            choice = self.best()
+        except ConfigError:
+            choice = None
+        return {
+            "study": self.name, "storage": self.url, "objectives": self.objectives, "directions": self.directions,
+            "trials": [{**asdict(r), "note": r.note} for r in self.sorted_rows()],
+            "engine_spread": engine_spread(self.engines()),
+            "best": None if choice is None else {
+                "trial": choice.row.number, "config": choice.row.label, "spec": choice.row.spec,
+                "is_baseline": choice.is_baseline, "reason": choice.reason, "value": choice.value,
+                "speedup": choice.speedup, "noise_band": choice.noise_band, "engines": choice.engines,
+                "baseline_engines": choice.baseline_engines},
+        }
 
     @property
     def placed(self) -> bool:

@@ -52,6 +52,7 @@ from spectune.predict._guide import (
     plan_next,
     surprising,
 )
+from spectune.predict._errors import FigureError, PredictionErrors
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
 from spectune.predict._measured import (
     effective_k,
@@ -75,9 +76,10 @@ from spectune.predict._replay import (
     suffix_available,
 )
 from spectune.predict._schedule import BatchSchedule, batch_cost, derive_schedule
-from spectune.predict._table import levels_table, predictions_table
 
 __all__ = [
+    "FigureError",
+    "PredictionErrors",
     "COST_PRIORS",
     "DEFAULT_MARGIN",
     "DRAFT_REPLAY_SPREAD",
@@ -117,7 +119,6 @@ __all__ = [
     "fit_cost_model",
     "fit_step_time",
     "gauge_weight",
-    "levels_table",
     "leviathan_expected_tokens",
     "leviathan_improvement",
     "mean_over_engines",
@@ -125,7 +126,6 @@ __all__ = [
     "measured_profile",
     "plan_next",
     "predict_candidates",
-    "predictions_table",
     "proposer_of",
     "replay_draft",
     "replay_ngram",

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from spectune.config import Method, SpecConfig
 from spectune.errors import ConfigError
+from spectune.measurement import spec_key
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
 from spectune.predict._concurrency import (
     ConcurrencyModel,
@@ -36,6 +37,7 @@ from spectune.predict._concurrency import (
 )
 from spectune.predict._cost import Estimate, fit_cost_model
 from spectune.predict._draft_replay import DraftReplays, replay_draft
+from spectune.predict._errors import PredictionErrors, summarize_errors
 from spectune.predict._gauge import CostPoint
 from spectune.predict._learned import LearnedAcceptance
 from spectune.predict._measured import (
@@ -309,6 +311,26 @@ class StudyInputs:
         return predict_candidates(self.candidates if candidates is None else candidates, self.baseline,
                                   self.measured, objective=self.objective, maximize=self.maximize,
                                   learned=self.learned, features=self.features, drafts=self.drafts)
+
+    def errors(self) -> PredictionErrors | None:
+        """How far predictions miss on this study's own model, workload and machine: each measured
+        speculative configuration (its mean over its engines) predicted from the baseline and the
+        other configurations' measurements alone, as an unmeasured candidate is, against what it
+        measured (leave-one-out); None before any completed. With one measured configuration its
+        prediction comes from replay, the learned model or the priors alone."""
+        groups: dict[str, list[Measurement]] = {}
+        for m in self.measured:
+            groups.setdefault(spec_key(m.spec.to_vllm()), []).append(m)
+        rows = []
+        for key, engines in groups.items():
+            others = [m for k, ms in groups.items() if k != key for m in ms]
+            truth = measured_prediction(engines, self.objective)
+            predicted = predict_candidates([engines[0].spec], self.baseline, others, objective=self.objective,
+                                           maximize=self.maximize, learned=self.learned, features=self.features,
+                                           drafts=self.drafts)
+            if truth is not None and predicted:
+                rows.append((engines[0].spec.label(), predicted[0], truth))
+        return summarize_errors(self.objective, rows)
 
     def measured_predictions(self) -> list[Prediction]:
         """The measured configurations as predictions without interval, one per configuration at

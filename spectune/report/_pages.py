@@ -17,7 +17,7 @@ from spectune.errors import ConfigError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import best_config_yaml, best_line, decide, fmt
-from spectune.results import engine_spread_note
+from spectune.results import engine_spread_note, prediction_errors_note
 
 if TYPE_CHECKING:
 
@@ -184,6 +184,8 @@ def render_html(view: StudyView) -> str:
                      f"{e(ctx.choice.reason)}.</p>")
         if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
             parts.append(f"<p>{e(spread)}</p>")
+        if (errors := prediction_errors_note(view)) is not None:
+            parts.append(f"<p id='prediction-errors'>{e(errors)}</p>")
         if ctx.yaml is not None:
             parts.append(f"<p>As <code>vllm serve --config best.yaml</code>:</p><pre>{e(ctx.yaml)}</pre>")
     parts.append("<h2>Figures</h2><div class='figs'>")
@@ -230,6 +232,8 @@ def render_markdown(view: StudyView) -> str:
         lines += [f"**Best configuration:** {best_line(ctx.choice)}", ""]
         if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
             lines += [spread, ""]
+        if (errors := prediction_errors_note(view)) is not None:
+            lines += [errors, ""]
         if ctx.yaml is not None:
             lines += ["```yaml", ctx.yaml.rstrip(), "```", ""]
     header = _trial_header(view)
