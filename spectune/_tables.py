@@ -117,8 +117,10 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
                *(Column(o, _OBJECTIVE.get(o, o), justify="right") for o in view.objectives),
                *([Column("predicted", "pred", drop=2, justify="right")] if guided else []),
                Column("speedup", justify="right"), Column("acceptance", "accept", drop=1, justify="right"),
-               Column("accept len", "len", drop=3, justify="right"), Column("note", drop=5),
-               *([Column("ran on", drop=4)] if view.placed else [])]
+               Column("accept len", "len", drop=3, justify="right"),
+               *([Column("memory", "mem", drop=4, justify="right")] if any(r.peak_memory_bytes for r in view.rows) else []),
+               Column("note", drop=6),
+               *([Column("ran on", drop=5)] if view.placed else [])]
     ordered = view.sorted_rows()
     rows = []
     for r in ordered:
@@ -126,7 +128,8 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
         rows.append([str(r.number), r.state, escape(r.label), *values,
                      *([_fmt(r.predicted, ".4g")] if guided else []),
                      _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""), _fmt(r.acceptance_rate, ".3f"),
-                     _fmt(r.mean_acceptance_length, ".2f"), escape(r.note),
+                     _fmt(r.mean_acceptance_length, ".2f"),
+                     *([r.memory] if any(x.peak_memory_bytes for x in view.rows) else []), escape(r.note),
                      *([escape(r.placement or "-")] if view.placed else [])])
     title = f"study {escape(view.name)} ({', '.join(f'{o} {d}' for o, d in zip(view.objectives, view.directions, strict=False))})"
     table, kept = fitted_table(console, title, columns, rows)

@@ -1,4 +1,5 @@
-"""vLLM's speculative-decoding counters, read from Prometheus text, as acceptance figures.
+"""vLLM's speculative-decoding counters, read from Prometheus text, as acceptance figures; and
+its KV cache's gauges (size, usage).
 
 Counters are cumulative over the server's life: read them before and after the measured
 window and take the difference (:meth:`SpecCounters.__sub__`).
@@ -13,13 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spectune.errors import EngineError
 
-__all__ = ["Acceptance", "SpecCounters", "fetch_counters", "parse_counters"]
+__all__ = ["Acceptance", "KVCache", "SpecCounters", "fetch_counters", "fetch_metrics", "parse_counters", "parse_kv_cache"]
 
 _DRAFTS = "vllm:spec_decode_num_drafts"
 _DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 _GENERATED = "vllm:generation_tokens"
+_CACHE_INFO = "vllm:cache_config_info"
+_KV_USAGE = "vllm:kv_cache_usage_perc"
 
 
 @dataclass(frozen=True)
@@ -100,11 +103,52 @@ def parse_counters(text: str) -> SpecCounters:
     )
 
 
-def fetch_counters(base_url: str, timeout: float = 10.0) -> SpecCounters:
-    """GET ``/metrics`` and parse it. Raises EngineError when the server does not answer."""
+@dataclass(frozen=True)
+class KVCache:
+    """The engine's KV cache as its gauges say: capacity and how full it is now."""
+
+    tokens: int | None
+    """Tokens the KV cache holds: ``kv_cache_size_tokens`` of ``vllm:cache_config_info`` where vLLM
+    reports it, else its blocks times the block size (summed over engines); None if unreported."""
+    usage: float | None
+    """``vllm:kv_cache_usage_perc`` (0..1; the largest over engines), None if unreported."""
+
+
+def parse_kv_cache(text: str) -> KVCache:
+    """The KV cache's size and usage out of Prometheus exposition text."""
+    tokens: int | None = None
+    usage: float | None = None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == _CACHE_INFO:
+                size = _int(sample.labels.get("kv_cache_size_tokens"))
+                if size is None and (blocks := _int(sample.labels.get("num_gpu_blocks"))) is not None:
+                    size = blocks * (_int(sample.labels.get("block_size")) or 0) or None
+                if size is not None:
+                    tokens = (tokens or 0) + size
+            elif sample.name == _KV_USAGE:
+                usage = max(usage or 0.0, sample.value)
+    return KVCache(tokens, usage)
+
+
+def _int(label: str | None) -> int | None:
+    try:
+        return int(label) if label not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def fetch_metrics(base_url: str, timeout: float = 10.0) -> str:
+    """GET ``/metrics`` as text. Raises EngineError when the server does not answer."""
     try:
         resp = httpx.get(f"{base_url.rstrip('/')}/metrics", timeout=timeout)
         resp.raise_for_status()
     except httpx.HTTPError as e:
         raise EngineError(f"cannot read {base_url}/metrics: {e}") from e
-    return parse_counters(resp.text)
+    return resp.text
+
+
+def fetch_counters(base_url: str, timeout: float = 10.0) -> SpecCounters:
+    """GET ``/metrics`` and parse its speculative counters. Raises EngineError when the server
+    does not answer."""
+    return parse_counters(fetch_metrics(base_url, timeout))

@@ -11,9 +11,9 @@ import json
 import math
 import statistics
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ByteSize, Field
 
 from spectune._util import StrictModel
 from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
@@ -175,6 +175,13 @@ class Measurement(BaseModel):
     e2el_ms: LatencyStats
     acceptance: AcceptanceStats | None
     peak_memory_bytes: int | None
+    memory_kind: Literal["host_rss", "gpu"] = Field(
+        default="host_rss", description="What peak_memory_bytes measures: the resident memory of the engine's "
+        "processes on the host (a CPU engine), or the GPU memory they hold.")
+    kv_cache_tokens: int | None = Field(default=None, description="Tokens the engine's KV cache holds "
+                                        "(vllm:cache_config_info).")
+    kv_cache_peak_usage: float | None = Field(default=None, description="The fullest the KV cache was seen "
+                                              "during the windows (vllm:kv_cache_usage_perc, 0..1).")
     versions: Versions
     hardware: Hardware
     windows: list[WindowStats] = Field(description="One entry per repeat of the window.")
@@ -237,15 +244,27 @@ class SLO(StrictModel):
     tpot_p99_ms: float | None = Field(default=None, gt=0)
     e2el_p99_ms: float | None = Field(default=None, gt=0)
     min_output_throughput: float | None = Field(default=None, gt=0)
+    max_memory: ByteSize | None = Field(
+        default=None, gt=0, description="The most memory the engine may take (70GiB, or bytes): its GPU memory on "
+        "GPUs, its resident memory on a CPU (Measurement.memory_kind).")
+    min_kv_cache_tokens: int | None = Field(default=None, gt=0, description="The fewest tokens its KV cache may hold.")
 
     def violations(self, m: Measurement) -> dict[str, float]:
-        """Optuna constraint values by SLO name: <= 0 is satisfied, > 0 by how much it is broken."""
+        """Optuna constraint values by SLO name: <= 0 is satisfied, > 0 by how much it is broken
+        (in the limit's own unit; the memory limits relative to the limit). A limit the engine
+        gave no figure for (its KV cache's size, on an engine without the gauge) is not checked."""
         out: dict[str, float] = {}
         for name, limit in self:
             if limit is None:
                 continue
             if name == "min_output_throughput":
                 out[name] = limit - m.output_throughput
+            elif name == "max_memory":
+                if m.peak_memory_bytes is not None:
+                    out[name] = m.peak_memory_bytes / limit - 1.0
+            elif name == "min_kv_cache_tokens":
+                if m.kv_cache_tokens is not None:
+                    out[name] = 1.0 - m.kv_cache_tokens / limit
             else:
                 out[name] = Objective(name).of(m) - limit
         return out

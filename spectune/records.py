@@ -91,6 +91,9 @@ class TrialRecord(BaseModel):
     per_position_acceptance: list[float] | None = None
     startup_seconds: float | None = None
     failed_requests: int | None = None
+    peak_memory_bytes: int | None = None
+    memory_kind: str | None = Field(default=None, description="gpu or host_rss: what peak_memory_bytes measures.")
+    kv_cache_tokens: int | None = None
     speedup: float | None = None
     noise: float | None = None
     constraints: dict[str, float] | None = None

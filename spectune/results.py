@@ -55,6 +55,19 @@ class TrialRow:
     recheck_reason: str | None = None
     placement: str | None = None
     """Where the trial ran: its worker's host, and the GPUs its engine was given."""
+    broken: tuple[str, ...] = ()
+    """The limits it breaks (its SLOs, max_memory, min_kv_cache_tokens), by name."""
+    peak_memory_bytes: int | None = None
+    memory_kind: str | None = None
+    """``gpu`` or ``host_rss``: what ``peak_memory_bytes`` measures."""
+    kv_cache_tokens: int | None = None
+
+    @property
+    def memory(self) -> str:
+        """Its peak memory for a person: ``3.1 GiB`` (GPU) or ``2.1 GiB host`` (a CPU engine's RSS)."""
+        if self.peak_memory_bytes is None:
+            return "-"
+        return f"{self.peak_memory_bytes / 2**30:.2f} GiB" + (" host" if self.memory_kind != "gpu" else "")
 
     @property
     def is_baseline(self) -> bool:
@@ -68,7 +81,7 @@ class TrialRow:
     @property
     def note(self) -> str:
         """What a person should know beside the trial's figures (``show``, the report)."""
-        note = self.fail_reason or ("" if self.feasible else "breaks the SLO")
+        note = self.fail_reason or ("" if self.feasible else f"breaks {', '.join(self.broken) or 'the SLO'}")
         if self.duplicate_of is not None:
             return f"same candidate as #{self.duplicate_of}"
         if self.confirms is not None:
@@ -286,6 +299,12 @@ class StudyView:
                           1.0 if c is base else gain, c.values, base.values, spread)
 
         if best is base:
+            faster = [c for c in self.engines() if not c.feasible and not c.row.is_baseline
+                      and sign * c.value > sign * base.value]
+            if faster:
+                broken = sorted({name for c in faster for name in c.row.broken}) or ["the SLO"]
+                return choice(base, True, f"no speculative configuration that meets the limits measured better "
+                                          f"than the baseline ({len(faster)} that did break {', '.join(broken)})")
             return choice(base, True, "no speculative configuration measured better than the baseline")
         if not base.feasible and best.feasible:
             return choice(best, False, "the baseline breaks the SLO; this configuration meets it")
@@ -326,6 +345,8 @@ def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
         feasible=r.feasible is not False, duplicate_of=r.duplicate_of, fail_reason=r.fail_reason,
         predicted=r.predicted, confirms=r.confirms, recheck=r.recheck is not None, recheck_reason=r.recheck,
         placement=r.placement.label() if r.placement is not None else None,
+        broken=tuple(k for k, v in (r.constraints or {}).items() if v > 0),
+        peak_memory_bytes=r.peak_memory_bytes, memory_kind=r.memory_kind, kv_cache_tokens=r.kv_cache_tokens,
     )
 
 

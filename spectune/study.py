@@ -157,6 +157,10 @@ def load_study_config(path: Path | None, overrides: dict[str, Any]) -> StudyConf
         if key == "workload":
             wl = data.get("workload") or {}
             data["workload"] = {**wl, "source": value} if isinstance(wl, dict) else {"source": value}
+        elif "." in key:  # a key of a section: slo.max_memory
+            section, name = key.split(".", 1)
+            inner = data.get(section) or {}
+            data[section] = {**inner, name: value} if isinstance(inner, dict) else {name: value}
         else:
             data[key] = value
     if "target" not in data:

@@ -5,17 +5,19 @@ engine start -> warm-up (excluded) -> counters -> measured window -> counters ->
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import re
 import statistics
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from spectune._util import ProgressHook
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
-from spectune.counters import fetch_counters
+from spectune.counters import fetch_counters, fetch_metrics, parse_kv_cache
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer
 from spectune.errors import (
     ConfigError,
@@ -88,6 +90,7 @@ def summarize(
     results: Sequence[LoadResult], *, spec: SpecConfig, engine: EngineArgs, workload: WorkloadSpec,
     engine_defaults: dict[str, str] | None = None, acceptance: AcceptanceStats | None, command: list[str], log_path: str | None,
     started_at: dt.datetime, startup_seconds: float, peak_memory_bytes: int | None,
+    memory_kind: str = "host_rss", kv_cache_tokens: int | None = None, kv_cache_peak_usage: float | None = None,
 ) -> Measurement:
     """Turn the windows' request records and counters into a Measurement.
 
@@ -112,7 +115,8 @@ def summarize(
         tpot_ms=LatencyStats.of([t for r in ok if (t := r.tpot) is not None]),
         itl_ms=LatencyStats.of([x for r in ok for x in r.itl]),
         e2el_ms=LatencyStats.of([r.e2el for r in ok if r.e2el is not None]),
-        acceptance=acceptance, peak_memory_bytes=peak_memory_bytes,
+        acceptance=acceptance, peak_memory_bytes=peak_memory_bytes, memory_kind=memory_kind,
+        kv_cache_tokens=kv_cache_tokens, kv_cache_peak_usage=kv_cache_peak_usage,
         versions=versions(), hardware=hardware(engine.env.get("CUDA_VISIBLE_DEVICES")), windows=windows,
         requests=[request_sample(r) for r in records],
     )
@@ -177,7 +181,8 @@ def measure(
             workload=workload, acceptance=acc,
             command=server.command, log_path=str(log_path), started_at=started_at,
             startup_seconds=server.startup_seconds or 0.0,
-            peak_memory_bytes=server.peak_memory_bytes(),
+            peak_memory_bytes=server.peak_memory_bytes(), memory_kind=server.memory_kind,
+            kv_cache_tokens=run.kv.tokens, kv_cache_peak_usage=run.kv.peak,
         )
         if sweep:
             headline = m.at_concurrency(m.concurrency)
@@ -198,12 +203,14 @@ class _Run:
         self.timeout = timeout
         self.total = total
         self.done = 0
+        self.kv = _KVWatch(server.base_url)
 
     def _load(self, prompts: Sequence[Prompt], concurrency: int | None = None) -> LoadResult:
         done = self.done
         self.hook("measure", done, self.total)
-        result = run_load(self.server.base_url, self.model, prompts, self.workload, concurrency=concurrency,
-                          progress=lambda d, t: self.hook("measure", done + d, self.total), timeout=self.timeout)
+        with self.kv.watching():
+            result = run_load(self.server.base_url, self.model, prompts, self.workload, concurrency=concurrency,
+                              progress=lambda d, t: self.hook("measure", done + d, self.total), timeout=self.timeout)
         self.done += len(prompts)
         return result
 
@@ -241,6 +248,44 @@ class _Run:
             acc = (fetch_counters(self.server.base_url) - before).acceptance()
             levels.append(level_stats(level, res, AcceptanceStats(**vars(acc)) if acc else None))
         return levels
+
+
+class _KVWatch:
+    """The engine's KV cache while requests run: its size, and the fullest it was seen (its usage
+    gauge, read every ``interval`` seconds beside the load; an engine without the gauges leaves
+    both None)."""
+
+    def __init__(self, base_url: str, interval: float = 1.0) -> None:
+        self.base_url = base_url
+        self.interval = interval
+        self.tokens: int | None = None
+        self.peak: float | None = None
+
+    def _read(self) -> None:
+        try:
+            kv = parse_kv_cache(fetch_metrics(self.base_url, timeout=5.0))
+        except EngineError:  # a busy or dying engine: the load's own errors say what happened
+            return
+        self.tokens = kv.tokens if kv.tokens is not None else self.tokens
+        if kv.usage is not None:
+            self.peak = max(self.peak or 0.0, kv.usage)
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        stop = threading.Event()
+
+        def poll() -> None:
+            while not stop.wait(self.interval):
+                self._read()
+
+        self._read()
+        thread = threading.Thread(target=poll, name="spectune-kv-cache", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:

@@ -55,3 +55,24 @@ def test_window_difference_gives_acceptance_of_the_window_only() -> None:
 def test_no_drafts_means_no_acceptance_figures() -> None:
     assert parse_counters("").acceptance() is None
     assert (SpecCounters(num_drafts=5) - SpecCounters(num_drafts=5)).acceptance() is None
+
+
+def _cache_info(**labels: object) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in {"block_size": 16, "cache_dtype": "auto", **labels}.items())
+    return ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{{inner},engine="0"}} 1.0\n'
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+            'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5\n')
+
+
+def test_the_kv_cache_size_comes_from_the_cache_info_and_its_usage_from_the_gauge() -> None:
+    from spectune.counters import parse_kv_cache
+
+    kv = parse_kv_cache(_cache_info(num_gpu_blocks=1456, kv_cache_size_tokens=23296))
+    assert kv.tokens == 23296 and kv.usage == 0.5  # the fullest engine
+    older = parse_kv_cache(_cache_info(num_gpu_blocks=1456))  # before vLLM reported its size in tokens
+    assert older.tokens == 1456 * 16
+    assert parse_kv_cache(_cache_info(num_gpu_blocks="None")).tokens is None  # not profiled yet
+    assert parse_kv_cache(_exposition(1, 1, 1, [1])).tokens is None

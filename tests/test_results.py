@@ -88,3 +88,25 @@ def test_two_objectives_choose_from_the_feasible_pareto_front() -> None:
     view = StudyView(study, MeasurementStore("sqlite:///:memory:"), "sqlite:///:memory:")
     choice = view.best()
     assert choice.row.label == "fast"  # on the front, feasible, best first objective
+
+
+def test_memory_limits_are_constraints_relative_to_the_limit_and_named_when_broken() -> None:
+    m = _measurement([0.1], [1.0], 11).model_copy(update={"peak_memory_bytes": 3 * 2**30, "kv_cache_tokens": 8000})
+    v = SLO(max_memory="2GiB", min_kv_cache_tokens=10_000).violations(m)
+    assert v == {"max_memory": pytest.approx(0.5), "min_kv_cache_tokens": pytest.approx(0.2)}
+    assert SLO(max_memory="4GiB", min_kv_cache_tokens=4000).violations(m) == {
+        "max_memory": pytest.approx(-0.25), "min_kv_cache_tokens": pytest.approx(-1.0)}
+    unknown = m.model_copy(update={"kv_cache_tokens": None})  # an engine without the gauge: not checked
+    assert SLO(min_kv_cache_tokens=10_000).violations(unknown) == {}
+    study = optuna.create_study(direction="maximize", study_name="mem")
+    study.set_user_attr("objectives", ["output_throughput"])
+    for label, value, constraints in (("none", 10.0, {"max_memory": -0.1}), ("ngram k=4", 20.0, {"max_memory": 0.5})):
+        spec = {"method": "none"} if label == "none" else {"method": "ngram", "num_speculative_tokens": 4}
+        study.add_trial(optuna.trial.create_trial(value=value, params={}, distributions={}, user_attrs={
+            "config": label, "spec": spec, "noise": 0.01, "feasible": max(constraints.values()) <= 0,
+            "constraints": constraints, "peak_memory_bytes": 3 * 2**30, "memory_kind": "gpu"}))
+    view = StudyView(study, MeasurementStore("sqlite:///:memory:"), "sqlite:///:memory:")
+    fast = next(r for r in view.rows if r.label == "ngram k=4")
+    assert fast.note == "breaks max_memory" and fast.memory == "3.00 GiB"
+    choice = view.best()  # faster, but it does not fit: never chosen, and said so
+    assert choice.is_baseline and "(1 that did break max_memory)" in choice.reason

@@ -53,7 +53,13 @@ class EngineServer(abc.ABC):
 
     @abc.abstractmethod
     def peak_memory_bytes(self) -> int | None:
-        """The largest resident memory of the server's process tree seen so far."""
+        """The largest memory of the server's process tree seen so far: the GPU memory its
+        processes hold where it runs on GPUs, else their resident memory (:attr:`memory_kind`)."""
+
+    @property
+    def memory_kind(self) -> str:
+        """What :meth:`peak_memory_bytes` measures: ``"gpu"`` or ``"host_rss"``."""
+        return "host_rss"
 
     def __enter__(self) -> EngineServer:
         try:

@@ -101,6 +101,23 @@ def build_command(
     return cmd
 
 
+def gpu_memory_of(smi: str, pids: set[int]) -> int:
+    """Bytes of GPU memory the processes ``pids`` hold now, summed over GPUs, as ``nvidia-smi``
+    reports its compute processes (0 where it cannot tell)."""
+    try:
+        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    total = 0
+    for line in out.splitlines():
+        pid, _, mib = line.partition(",")
+        with contextlib.suppress(ValueError):
+            if int(pid) in pids:
+                total += int(float(mib)) * 2**20
+    return total
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Ask the kernel to SIGTERM the engine when spectune dies (Linux), so no engine is orphaned."""
     with contextlib.suppress(Exception):
@@ -205,6 +222,7 @@ class VLLMServer(EngineServer):
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmpdir: str | None = None
         self._peak_rss = 0
+        self._peak_gpu = 0
         self._sampler: threading.Thread | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._sampling = threading.Event()
@@ -244,7 +262,11 @@ class VLLMServer(EngineServer):
         return reason
 
     def peak_memory_bytes(self) -> int | None:
-        return self._peak_rss or None
+        return (self._peak_gpu or None) if self.memory_kind == "gpu" else (self._peak_rss or None)
+
+    @property
+    def memory_kind(self) -> str:
+        return "gpu" if self._peak_gpu else "host_rss"
 
     def start(self) -> None:
         """Start the engine and wait until it is healthy; an engine refused because its devices'
@@ -363,18 +385,25 @@ class VLLMServer(EngineServer):
         assert self._proc is not None
         root_pid = self._proc.pid
 
+        smi = shutil.which("nvidia-smi") if self.platform.name == "gpu" else None
+
         def sample() -> None:
             try:
                 root = psutil.Process(root_pid)
             except psutil.Error:
                 return
+            beat = 0
             while not self._sampling.is_set():
-                total = 0
+                total, pids = 0, set()
                 with contextlib.suppress(psutil.Error):
                     for p in [root, *root.children(recursive=True)]:
                         with contextlib.suppress(psutil.Error):
                             total += p.memory_info().rss
+                            pids.add(p.pid)
                 self._peak_rss = max(self._peak_rss, total)
+                if smi is not None and beat % 4 == 0:  # every 2 s: nvidia-smi costs a process
+                    self._peak_gpu = max(self._peak_gpu, gpu_memory_of(smi, pids))
+                beat += 1
                 self._sampling.wait(0.5)
 
         self._sampler = threading.Thread(target=sample, name="spectune-rss", daemon=True)

@@ -138,13 +138,14 @@ def _trial_cells(view: StudyView, r: TrialRow) -> list[str]:
     values = [fmt(v) for v in r.values] if r.values else ["-"] * len(view.objectives)
     return [str(r.number), r.state, r.label, *values, fmt(r.speedup, ".3f", "x"),
             fmt(r.noise, ".1%") if r.noise is not None else "-",
-            fmt(r.acceptance_rate, ".3f"), fmt(r.mean_acceptance_length, ".2f"), r.note,
+            fmt(r.acceptance_rate, ".3f"), fmt(r.mean_acceptance_length, ".2f"), r.memory,
+            str(r.kv_cache_tokens) if r.kv_cache_tokens is not None else "-", r.note,
             *([r.placement or "-"] if view.placed else [])]
 
 
 def _trial_header(view: StudyView) -> list[str]:
-    return ["#", "state", "config", *view.objectives, "speedup", "noise", "acceptance", "accept len", "note",
-            *(["ran on"] if view.placed else [])]
+    return ["#", "state", "config", *view.objectives, "speedup", "noise", "acceptance", "accept len", "peak memory",
+            "KV cache tokens", "note", *(["ran on"] if view.placed else [])]
 
 
 _CSS = """
@@ -199,7 +200,7 @@ def render_html(view: StudyView) -> str:
     best_number = ctx.choice.row.number if ctx.choice is not None else None
     parts.append("<h2>Trials</h2><table id='trials'><tr>"
                  + "".join(f"<th>{e(h)}</th>" for h in _trial_header(view)) + "</tr>")
-    numeric = set(range(3, 3 + len(view.objectives) + 4))  # objectives, speedup, noise, acceptance
+    numeric = set(range(3, 3 + len(view.objectives) + 6))  # objectives, speedup, noise, acceptance, memory, KV
     for r in view.sorted_rows():
         cells = _trial_cells(view, r)
         cls = " class='best'" if r.number == best_number else ""
