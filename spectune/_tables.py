@@ -144,6 +144,8 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
     if record.stopped:
         console.print(f"the search ended early: {escape(record.stopped)}")
     guide = record.guide or {}
+    if guide.get("engine_knobs"):
+        console.print(f"chosen: {escape(guide['engine_knobs'])}")
     skipped = guide.get("skipped") or []
     if skipped:
         console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "

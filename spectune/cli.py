@@ -226,6 +226,25 @@ def _print_json(record: Any) -> None:
     sys.stdout.write(json.dumps(record, indent=2, default=str) + "\n")
 
 
+@app.command("import")
+def import_(
+    results: Annotated[list[Path], typer.Argument(help="vllm bench serve --save-result files, or vllm bench sweep result folders.")],
+    study: Annotated[str, typer.Option(help="The study to import into (created by spectune optimize).")],
+    storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
+    spec: Annotated[Optional[str], typer.Option(help="The speculative config (vLLM's JSON, or none) where a file's metadata does not say it.")] = None,
+    engine_arg: Annotated[list[str], typer.Option(help="An engine knob's value KEY=VALUE where a file does not say it (repeatable).")] = [],
+) -> None:
+    """Import results a team already has into a study as completed trials (a warm start)."""
+    from spectune.config import parse_spec
+    from spectune.imports import import_results
+
+    done = import_results(storage, study, results, spec=parse_spec(spec) if spec is not None else None,
+                          knobs=_parse_engine_arg(engine_arg))
+    for item in done:
+        typer.echo(f"imported {item.path}: {item.label}, {item.measurement.output_throughput:.4g} tok/s")
+    typer.echo(f"study {study}: {len(done)} result{'s' if len(done) != 1 else ''} imported")
+
+
 @app.command()
 def show(
     storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,

@@ -18,9 +18,8 @@ from pydantic import Field, model_validator
 from spectune._util import StrictModel, validate
 from spectune.errors import ConfigError
 
-__all__ = ["NEEDS_K", "NEEDS_MODEL", "SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method", "Prompt", "Sampling", "SpecConfig",
-           "WorkloadSpec",
-           "parse_spec"]
+__all__ = ["ENGINE_KNOBS", "NEEDS_K", "NEEDS_MODEL", "SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method", "Prompt", "Sampling", "SpecConfig",
+           "WorkloadSpec", "candidate_label", "parse_spec"]
 
 SHIPPED_NAMES: tuple[str, ...] = ("humaneval", "mtbench", "sharegpt")
 """Names that :attr:`WorkloadSpec.source` treats as shipped prompt sets rather than file paths
@@ -151,7 +150,8 @@ def parse_spec(text: str) -> SpecConfig:
 
 
 class EngineArgs(StrictModel):
-    """The engine arguments that are not speculative: the same for every trial of a study.
+    """The engine arguments that are not speculative: the study's, with the values a space's
+    engine knobs (:data:`ENGINE_KNOBS`) give each trial.
 
     ``None`` means "the platform's default" (see :mod:`spectune.engines`), so CPU-only
     settings never leak into a GPU user's configuration.
@@ -163,6 +163,11 @@ class EngineArgs(StrictModel):
     dtype: str | None = None
     max_model_len: int | None = Field(default=None, ge=16)
     max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    block_size: int | None = Field(default=None, ge=1)
+    quantization: str | None = None
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
     enforce_eager: bool | None = None
@@ -194,6 +199,21 @@ class EngineArgs(StrictModel):
         for key, value in self.extra_args.items():
             out[key.lstrip("-").replace("_", "-")] = value
         return out
+
+
+ENGINE_KNOBS: dict[str, str] = {
+    "max_num_seqs": "int", "max_num_batched_tokens": "int", "block_size": "int", "kv_cache_memory_bytes": "int",
+    "gpu_memory_utilization": "float", "enable_prefix_caching": "choice", "enable_chunked_prefill": "choice",
+    "dtype": "choice", "quantization": "choice",
+}
+"""Engine arguments a search space may tune (a list of choices, or an int or float range), and
+the kind of domain each takes; every other engine argument a space sets is fixed."""
+
+
+def candidate_label(spec: SpecConfig, knobs: dict[str, Any] | None = None) -> str:
+    """A candidate's label: its speculative configuration's (:meth:`SpecConfig.label`), then the
+    engine knobs' values: ``ngram k=4 lookup=2..4, max_num_seqs=32``."""
+    return spec.label() + "".join(f", {k}={v}" for k, v in (knobs or {}).items())
 
 
 # -- the workload: prompts, sampling parameters and the load shape -------------------------

@@ -36,6 +36,7 @@ __all__ = [
     "Versions",
     "WindowStats",
     "relative_noise",
+    "candidate_key",
     "spec_key",
     "speedup",
 ]
@@ -293,5 +294,12 @@ def speedup(maximize: bool, value: float, baseline: float) -> float:
 
 
 def spec_key(spec_json: dict[str, Any] | None) -> str:
-    """Canonical text of a candidate, to recognise the same configuration measured before."""
+    """Canonical text of a speculative configuration, to recognise it measured before."""
     return json.dumps(spec_json or {"method": "none"}, sort_keys=True, separators=(",", ":"))
+
+
+def candidate_key(spec_json: dict[str, Any] | None, knobs: dict[str, Any] | None = None) -> str:
+    """Canonical text of a candidate: its speculative configuration (:func:`spec_key`), with the
+    values of the engine knobs a space tunes. Without knobs, the speculative configuration's key."""
+    spec = spec_json or {"method": "none"}
+    return spec_key({**spec, "engine": knobs} if knobs else spec)

@@ -77,12 +77,13 @@ class TrialFunction:
         arguments placed on a GPU group; default: the study's). The objective values."""
         number, of = progress
         rec = TrialRecord.of(trial)
-        label = spec.label() if rec.confirms is None else f"{spec.label()} (again, as #{rec.confirms})"
+        name = rec.config or spec.label()  # with the engine knobs' values where the space tunes some
+        label = name if rec.confirms is None else f"{name} (again, as #{rec.confirms})"
         self.hook(StudyEvent("trial_start", number, of, label))
         if rec.duplicate_of is not None:
-            return self._reuse(trial, spec, rec.duplicate_of, progress)
-        phase_hook = self.trial_progress(spec.label()) if self.trial_progress else None
-        key = spec_key(spec.to_vllm())
+            return self._reuse(trial, name, rec.duplicate_of, progress)
+        phase_hook = self.trial_progress(name) if self.trial_progress else None
+        key = rec.spec_key or spec_key(spec.to_vllm())
         tid = trial_id(self.storage, self.study.study_name, trial.number)
         cfg = self.config
         try:
@@ -95,14 +96,14 @@ class TrialFunction:
             write_fields(trial, fail_reason=str(e))
             self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
                               spec_key=key, error=str(e))
-            self._end(number, of, spec, "FAIL", None, str(e))
+            self._end(number, of, name, "FAIL", None, str(e))
             raise
         except KeyboardInterrupt:
             write_fields(trial, fail_reason=INTERRUPTED)
             raise
         self.counts["measured"] += 1
         self._record(trial, rec, tid, spec, m, values)
-        self._end(number, of, spec, "COMPLETE", values, None, finishing=(trial.number, values))
+        self._end(number, of, name, "COMPLETE", values, None, finishing=(trial.number, values))
         return values
 
     def _record(self, trial: optuna.Trial, rec: TrialRecord, tid: int, spec: SpecConfig, m: Measurement,
@@ -118,11 +119,11 @@ class TrialFunction:
             "feasible": all(c <= 0 for c in constraints.values()),
         }).write(trial)
         self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
-                          spec_key=spec_key(spec.to_vllm()), measurement=m)
+                          spec_key=rec.spec_key or spec_key(spec.to_vllm()), measurement=m)
         if spec.is_baseline and rec.confirms is None:  # the target's own outputs: repetition features
             write_study_fields(self.study, workload_features=features_with_outputs(self.prompts, m).model_dump(mode="json"))
 
-    def _reuse(self, trial: optuna.Trial, spec: SpecConfig, dup: int, progress: tuple[int, int]) -> list[float]:
+    def _reuse(self, trial: optuna.Trial, name: str, dup: int, progress: tuple[int, int]) -> list[float]:
         """A candidate the sampler chose again: answered from trial ``dup`` (waited for while it
         runs on another worker), no engine started."""
         previous = self._wait_finished(dup)
@@ -134,10 +135,10 @@ class TrialFunction:
         if previous.state.name != "COMPLETE":
             reason = f"same candidate as trial {previous.number}: {before.fail_reason or 'failed'}"
             write_fields(trial, fail_reason=reason)
-            self._end(*progress, spec, "FAIL", None, reason)
+            self._end(*progress, name, "FAIL", None, reason)
             raise EngineError(reason)
         values = list(previous.values)
-        self._end(*progress, spec, "REUSED", values, None)
+        self._end(*progress, name, "REUSED", values, None)
         return values
 
     def _wait_finished(self, number: int, poll: float = 2.0) -> optuna.trial.FrozenTrial:
@@ -149,14 +150,15 @@ class TrialFunction:
 
     def _baseline_value(self) -> float | None:
         for t in self.study.get_trials(deepcopy=False):
-            if t.state.name == "COMPLETE" and TrialRecord.of(t).spec_key == spec_key(None):
+            rec = TrialRecord.of(t)
+            if t.state.name == "COMPLETE" and rec.spec in (None, {"method": "none"}) and rec.confirms is None:
                 return t.values[0]
         return None
 
-    def _end(self, number: int, of: int, spec: SpecConfig, state: str, values: list[float] | None,
+    def _end(self, number: int, of: int, name: str, state: str, values: list[float] | None,
              reason: str | None, finishing: tuple[int, list[float]] | None = None) -> None:
         label, gain = self.best_so_far(finishing)
-        self.hook(StudyEvent("trial_end", number, of, spec.label(), state=state, values=values, reason=reason,
+        self.hook(StudyEvent("trial_end", number, of, name, state=state, values=values, reason=reason,
                              best_label=label, best_speedup=gain))
 
     def best_so_far(self, finishing: tuple[int, list[float]] | None = None) -> tuple[str | None, float | None]:

@@ -11,6 +11,7 @@ from spectune._util import StrictModel
 
 __all__ = [
     "INTERRUPTED",
+    "KNOBS_BY_SAMPLER",
     "RECHECK_BEST",
     "RECHECK_SURPRISE",
     "RECORD_VERSION",
@@ -32,6 +33,10 @@ RECHECK_SURPRISE = "outside its predicted interval"
 """Why guided search measured a configuration again: its measurement fell outside its prediction."""
 RECHECK_BEST = "the best when the search would stop"
 """Why guided search measured a configuration again: the best, before the search stops."""
+
+KNOBS_BY_SAMPLER = "engine knobs"
+"""``guide_reason`` of a trial guided search asked for to try the engine knobs: its speculative
+configuration from the models, the knobs from Optuna's sampler (spectune has no model of them)."""
 
 _PREDICTION_KEYS = ("predicted_low", "predicted_high", "predicted_acceptance_length")
 
@@ -63,7 +68,9 @@ class TrialRecord(BaseModel):
     # the candidate, and where it ran
     config: str | None = Field(default=None, description="The candidate's label.")
     spec: dict[str, Any] | None = Field(default=None, description="vLLM's speculative config ({'method': 'none'}).")
-    spec_key: str | None = None
+    spec_key: str | None = Field(default=None, description="The candidate's key: its speculative configuration "
+                                 "and engine knobs (spectune.measurement.candidate_key).")
+    engine: dict[str, Any] | None = Field(default=None, description="The values of the engine knobs the space tunes.")
     role: str | None = Field(default=None, description="'baseline' for the study's baseline trial.")
     placement: Placement | None = None
     # why it ran
@@ -71,6 +78,8 @@ class TrialRecord(BaseModel):
     confirms: int | None = Field(default=None, description="The trial whose configuration this one measures again.")
     recheck: str | None = Field(default=None, description="Why guided search measured it again (RECHECK_*).")
     duplicate_of: int | None = Field(default=None, description="An earlier trial of the same candidate it reuses.")
+    imported: str | None = Field(default=None, description="The result file (vllm bench serve) it was imported "
+                                 "from: measured elsewhere, not by spectune (spectune import).")
     # guided search's prediction, before it ran
     predicted_objective: str | None = None
     predicted: float | None = None
@@ -135,8 +144,8 @@ class TrialRecord(BaseModel):
 
     @property
     def guided(self) -> bool:
-        """Chosen by guided search, with a prediction."""
-        return self.guide_reason is not None
+        """Chosen by guided search's models, with a prediction."""
+        return self.guide_reason is not None and self.guide_reason != KNOBS_BY_SAMPLER
 
     @property
     def measured_again(self) -> bool:

@@ -9,10 +9,11 @@ import math
 import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
-from spectune.measurement import NOISE_FLOOR, spec_key, speedup
+from spectune.measurement import NOISE_FLOOR, candidate_key, speedup
 from spectune.records import StudyRecord, TrialRecord
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
 
@@ -55,6 +56,10 @@ class TrialRow:
     recheck_reason: str | None = None
     placement: str | None = None
     """Where the trial ran: its worker's host, and the GPUs its engine was given."""
+    engine: dict[str, Any] | None = None
+    """The values of the engine knobs its space tunes (None without)."""
+    imported: str | None = None
+    """The result file it was imported from (``spectune import``); None: measured by spectune."""
     broken: tuple[str, ...] = ()
     """The limits it breaks (its SLOs, max_memory, min_kv_cache_tokens), by name."""
     peak_memory_bytes: int | None = None
@@ -75,13 +80,16 @@ class TrialRow:
 
     @property
     def config_key(self) -> str:
-        """Equal for the trials of one configuration (a confirmation and the trial it confirms)."""
-        return spec_key(self.spec)
+        """Equal for the trials of one configuration (a confirmation and the trial it confirms):
+        its speculative configuration and engine knobs."""
+        return candidate_key(self.spec, self.engine)
 
     @property
     def note(self) -> str:
         """What a person should know beside the trial's figures (``show``, the report)."""
         note = self.fail_reason or ("" if self.feasible else f"breaks {', '.join(self.broken) or 'the SLO'}")
+        if self.imported is not None:
+            note = f"imported from {Path(self.imported).name}" + (f"; {note}" if note else "")
         if self.duplicate_of is not None:
             return f"same candidate as #{self.duplicate_of}"
         if self.confirms is not None:
@@ -245,7 +253,10 @@ class StudyView:
         return [m for r in rows if (m := self.store.measurement(r.trial_id)) is not None]
 
     def baseline(self) -> TrialRow | None:
-        rows = [r for r in self.complete() if r.is_baseline and r.duplicate_of is None]
+        """The first completed baseline trial, one that spectune measured before an imported one
+        (predictions replay its outputs, which a result file does not hold)."""
+        rows = sorted((r for r in self.complete() if r.is_baseline and r.duplicate_of is None),
+                      key=lambda r: (r.imported is not None, r.number))
         return rows[0] if rows else None
 
     def sorted_rows(self) -> list[TrialRow]:
@@ -345,7 +356,7 @@ def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
         feasible=r.feasible is not False, duplicate_of=r.duplicate_of, fail_reason=r.fail_reason,
         predicted=r.predicted, confirms=r.confirms, recheck=r.recheck is not None, recheck_reason=r.recheck,
         placement=r.placement.label() if r.placement is not None else None,
-        broken=tuple(k for k, v in (r.constraints or {}).items() if v > 0),
+        engine=r.engine, imported=r.imported, broken=tuple(k for k, v in (r.constraints or {}).items() if v > 0),
         peak_memory_bytes=r.peak_memory_bytes, memory_kind=r.memory_kind, kv_cache_tokens=r.kv_cache_tokens,
     )
 

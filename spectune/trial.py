@@ -255,7 +255,7 @@ class _KVWatch:
     gauge, read every ``interval`` seconds beside the load; an engine without the gauges leaves
     both None)."""
 
-    def __init__(self, base_url: str, interval: float = 1.0) -> None:
+    def __init__(self, base_url: str, interval: float = 0.5) -> None:
         self.base_url = base_url
         self.interval = interval
         self.tokens: int | None = None

@@ -24,10 +24,11 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from spectune.config import candidate_label
 from spectune.errors import ConfigError, EngineError
-from spectune.measurement import spec_key
+from spectune.measurement import candidate_key
 from spectune.objective import TrialFunction, trial_id
 from spectune.records import (
     INTERRUPTED,
@@ -178,6 +179,8 @@ def _heartbeat(ctx: StudyContext, number: int) -> Iterator[None]:
 class _Claim:
     trial: optuna.Trial
     spec: SpecConfig
+    knobs: dict[str, Any]
+    """The values of the engine knobs the space tunes ({} without)."""
     progress: tuple[int, int]
 
 
@@ -224,14 +227,15 @@ class _Worker:
                 progress = decision.progress
             trial = study.ask()  # the oldest waiting trial: the one just enqueued, or a retried one
             spec = self.ctx.space.suggest(trial)
-            key = spec_key(spec.to_vllm())
+            knobs = self.ctx.space.suggest_engine(trial)  # the study's sampler draws those not enqueued
+            key = candidate_key(spec.to_vllm(), knobs)
             rec = TrialRecord.of(trial)
             earlier = None if rec.measured_again else _same_candidate(trials, key, trial.number)
-            write_fields(trial, record_version=RECORD_VERSION, config=spec.label(),
-                         spec=spec.to_vllm() or {"method": "none"}, spec_key=key,
+            write_fields(trial, record_version=RECORD_VERSION, config=candidate_label(spec, knobs),
+                         spec=spec.to_vllm() or {"method": "none"}, spec_key=key, engine=knobs or None,
                          placement=Placement(host=self.host, gpus=slot.label, pid=os.getpid()),
                          duplicate_of=earlier)  # a duplicate is answered from the earlier trial
-            return _Claim(trial, spec, progress or _progress_of(trials, rec, self.ctx.config.trials))
+            return _Claim(trial, spec, knobs, progress or _progress_of(trials, rec, self.ctx.config.trials))
 
     def loop(self, slot: Slot) -> None:
         """Ask, measure and tell until the search says stop (or a sampler keeps repeating itself)."""
@@ -266,7 +270,8 @@ class _Worker:
         trial, study = claimed.trial, self.ctx.study
         with _heartbeat(self.ctx, trial.number):
             try:
-                values = self.run(trial, claimed.spec, claimed.progress, engine=slot.place(self.ctx.engine))
+                engine = self.ctx.engine.model_copy(update=claimed.knobs) if claimed.knobs else self.ctx.engine
+                values = self.run(trial, claimed.spec, claimed.progress, engine=slot.place(engine))
             except EngineError:  # data: recorded by the trial function
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 return
@@ -321,7 +326,7 @@ def _same_candidate(trials: list[Snapshot], key: str, number: int) -> int | None
     sampler's repeat is answered from it."""
     for t in trials:
         r = t.rec
-        if t.number == number or r.spec_key != key or r.duplicate_of is not None or r.measured_again:
+        if t.number == number or r.spec_key != key or r.duplicate_of is not None or r.measured_again or r.imported:
             continue
         if t.state in ("COMPLETE", "RUNNING") or t.engine_failed:
             return t.number

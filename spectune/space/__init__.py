@@ -64,9 +64,10 @@ from spectune.space._load import (
     spaces_dirs,
 )
 from spectune.space._methods import FixedEngineArgs, MethodSpace
-from spectune.space._space import SearchSpace
+from spectune.space._space import KNOB_PREFIX, SearchSpace
 
 __all__ = [
+    "KNOB_PREFIX",
     "SHIPPED_SPACES",
     "SPACES_ENV",
     "Domain",

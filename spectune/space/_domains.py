@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from pydantic import (
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     TypeAdapter,
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 
-__all__ = ["DOMAIN_FIELDS", "ENV_KEY", "PARAMS", "PLACEHOLDER", "Domain", "FloatDomain", "IntDomain", "check_bounds",
-           "choices"]
+__all__ = ["DOMAIN_FIELDS", "ENV_KEY", "PARAMS", "PLACEHOLDER", "ChoiceDomain", "Domain", "FloatDomain", "IntDomain",
+           "check_bounds", "choices", "knob_domain"]
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +264,36 @@ class FloatDomain(Domain):
         return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
 
 
+class ChoiceDomain(Domain):
+    """Domain of a categorical parameter (a data type, a switch): a list of choices, or one value."""
+
+    choices: tuple[StrictBool | StrictInt | StrictFloat | str, ...] | None = None
+
+    _what: ClassVar[str] = "a value"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if isinstance(data, Domain | Mapping):
+            return data
+        if isinstance(data, list | tuple):
+            if not data:
+                raise ValueError("empty list of choices")
+            return {"choices": list(data)}
+        if data is None or isinstance(data, dict | list):
+            raise ValueError(f"expected a value or a list of choices, got {data!r}")
+        return {"choices": [data]}
+
+    @model_validator(mode="after")
+    def _only_choices(self) -> ChoiceDomain:
+        if self.choices is None:
+            raise ValueError("takes a list of choices, not a range")
+        return self
+
+    def contains(self, value: Any) -> bool:
+        return self.choices is not None and any(type(value) is type(c) and value == c for c in self.choices)
+
+
 def choices(values: Sequence[str]) -> Domain:
     return Domain.model_construct(choices=tuple(values))
 
@@ -284,3 +315,22 @@ def check_bounds(field: str, domain: Domain) -> None:
             raise ValueError(f"{value} is out of range: {why[0].lower()}{why[1:]}") from None
 
 
+
+
+_KNOB_DOMAINS: dict[str, type[Domain]] = {"int": IntDomain, "float": FloatDomain, "choice": ChoiceDomain}
+
+
+def knob_domain(name: str, value: Any) -> Domain:
+    """The domain of engine knob ``name`` (:data:`spectune.config.ENGINE_KNOBS`) a space gives as
+    ``value``, checked against :class:`~spectune.config.EngineArgs`' own bounds for it."""
+    from spectune.config import ENGINE_KNOBS, EngineArgs
+
+    domain = _KNOB_DOMAINS[ENGINE_KNOBS[name]].model_validate(value)
+    info = EngineArgs.model_fields[name]
+    adapter: TypeAdapter[Any] = TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation)
+    for v in domain.choices if domain.choices is not None else (domain.low, domain.high):
+        try:
+            adapter.validate_python(v, strict=True)
+        except ValidationError as e:
+            raise ValueError(f"{v!r}: {e.errors()[0]['msg'][0].lower()}{e.errors()[0]['msg'][1:]}") from None
+    return domain

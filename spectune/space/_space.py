@@ -13,25 +13,37 @@ from typing import TYPE_CHECKING, Any
 from pydantic import (
     Field,
     PrivateAttr,
+    ValidationError,
     field_validator,
+    model_validator,
 )
 
 from spectune._util import StrictModel, validate
-from spectune.config import NEEDS_MODEL, EngineArgs, Method, SpecConfig
+from spectune.config import ENGINE_KNOBS, NEEDS_MODEL, EngineArgs, Method, SpecConfig
 from spectune.errors import ConfigError
-from spectune.space._domains import PLACEHOLDER, Domain
+from spectune.space._domains import PLACEHOLDER, Domain, knob_domain
 from spectune.space._methods import FixedEngineArgs, MethodSpace
 
 if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 
-__all__ = ["SearchSpace"]
+__all__ = ["KNOB_PREFIX", "SearchSpace"]
+
+KNOB_PREFIX = "engine."
+"""The Optuna parameters of engine knobs are named ``engine.<argument>``."""
 
 logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # The space
+
+
+def describe_error(e: ValueError) -> str:
+    """A domain's error as one line (a pydantic error's first message)."""
+    if isinstance(e, ValidationError):
+        return str(e.errors()[0]["msg"]).removeprefix("Value error, ")
+    return str(e)
 
 
 def _importable(module: str) -> bool:
@@ -51,8 +63,40 @@ class SearchSpace(StrictModel):
     description: str | None = None
     methods: dict[Method, MethodSpace] = Field(description="vLLM method name -> what it may try.")
     engine: FixedEngineArgs = Field(default_factory=FixedEngineArgs)
+    engine_knobs: dict[str, Domain] = Field(
+        default_factory=dict, description="Engine arguments the study tunes beside speculation "
+        "(ENGINE_KNOBS), from the ``engine:`` entries given as a list of choices or a range.")
 
     _source: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _knobs_from_engine(cls, data: Any) -> Any:
+        """``engine:`` entries of :data:`ENGINE_KNOBS` given as a list or a range are tuned; one
+        value (a scalar, or a list of one) stays fixed."""
+        if not isinstance(data, Mapping):
+            return data
+        engine = data.get("engine") if isinstance(data.get("engine"), Mapping) else {}
+        fixed, knobs = dict(engine), dict(data.get("engine_knobs") or {})
+        for name, value in engine.items():
+            if not isinstance(value, list | tuple) and not (isinstance(value, Mapping) and name in ENGINE_KNOBS):
+                continue
+            if name not in ENGINE_KNOBS:
+                raise ValueError(f"engine.{name}: spectune does not tune it (it tunes {', '.join(ENGINE_KNOBS)}); "
+                                 "give it one value")
+            del fixed[name]
+            if isinstance(value, list | tuple) and len(value) == 1:
+                fixed[name] = value[0]
+            else:
+                knobs[name] = value
+        for name, value in knobs.items():
+            if name not in ENGINE_KNOBS:
+                raise ValueError(f"engine.{name}: spectune does not tune it (it tunes {', '.join(ENGINE_KNOBS)})")
+            try:
+                knobs[name] = value if isinstance(value, Domain) else knob_domain(name, value)
+            except ValueError as e:
+                raise ValueError(f"engine.{name}: {describe_error(e)}") from None
+        return {**data, **({"engine": fixed} if "engine" in data else {}), "engine_knobs": knobs}
 
     @field_validator("methods", mode="before")
     @classmethod
@@ -255,5 +299,55 @@ class SearchSpace(StrictModel):
         """The space's fixed engine arguments with ``target`` as the model."""
         data = self.engine.model_dump(exclude_unset=True, exclude={"model"})
         return validate(EngineArgs, {**data, "model": target}, self._source)
+
+    @property
+    def knobs(self) -> dict[str, Domain]:
+        """The engine knobs this space tunes (more than one value), in the space's order."""
+        return {name: d for name, d in self.engine_knobs.items() if not d.is_fixed}
+
+    def suggest_engine(self, trial: BaseTrial) -> dict[str, Any]:
+        """Draw the engine knobs' values through ``trial`` (after :meth:`suggest`); {} without knobs."""
+        return {name: domain.suggest(trial, KNOB_PREFIX + name) for name, domain in self.knobs.items()}
+
+    def engine_params_of(self, knobs: Mapping[str, Any]) -> dict[str, Any]:
+        """The Optuna parameters :meth:`suggest_engine` draws for ``knobs``.
+
+        Raises:
+            ConfigError: a knob this space does not tune, or a value outside its domain.
+        """
+        out = {}
+        for name, value in knobs.items():
+            domain = self.knobs.get(name)
+            if domain is None or not domain.contains(value):
+                raise ConfigError(f"{self._where()}engine.{name}={value!r} is not in this space's engine knobs")
+            out[KNOB_PREFIX + name] = value
+        return out
+
+    def default_knobs(self) -> dict[str, Any]:
+        """Each knob's first value: where the baseline is measured."""
+        return {name: domain.values()[0] for name, domain in self.knobs.items()}
+
+    def knob_settings(self) -> list[dict[str, Any]]:
+        """Every combination of the knobs' values (:meth:`Domain.values`), the defaults first."""
+        settings: list[dict[str, Any]] = [{}]
+        for name, domain in self.knobs.items():
+            settings = [{**s, name: v} for s in settings for v in domain.values()]
+        return settings
+
+    def enumerate_candidates(self, limit: int | None = 10_000) -> list[tuple[SpecConfig, dict[str, Any]]]:
+        """Every (speculative configuration, engine knobs) pair: :meth:`enumerate` times
+        :meth:`knob_settings`, the baseline first.
+
+        Raises:
+            ConfigError: more than ``limit`` candidates.
+        """
+        settings = self.knob_settings()
+        specs = self.enumerate(None if limit is None else max(1, limit // len(settings)))
+        return [(spec, knobs) for spec in specs for knobs in settings]
+
+    @staticmethod
+    def spec_params(params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` without the engine knobs' (what :meth:`params_of` gives for the spec alone)."""
+        return {k: v for k, v in params.items() if not k.startswith(KNOB_PREFIX)}
 
 

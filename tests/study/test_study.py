@@ -244,9 +244,14 @@ def test_show_and_export_commands_read_the_study(grid_study, tmp_path: Path) -> 
     show = subprocess.run([sys.executable, "-m", "spectune.cli", "show", "--storage", storage, "--study", "grid"],
                           capture_output=True, text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "200"})
     assert show.returncode == 0, show.stderr
-    lines = [ln for ln in show.stdout.splitlines() if "COMPLETE" in ln or "FAIL" in ln]
-    assert len(lines) == 5 and "FAIL" in lines[-1]  # best first, the failure last
+    lines = [ln for ln in show.stdout.splitlines() if " done " in ln or " fail " in ln]
+    assert len(lines) == 5 and " fail " in lines[-1]  # best first, the failure last
     assert "1.000x" in show.stdout and "engine exited" in show.stdout
+    record = json.loads(subprocess.run(
+        [sys.executable, "-m", "spectune.cli", "show", "--storage", storage, "--study", "grid", "--json"],
+        capture_output=True, text=True, timeout=120, check=True).stdout)  # the full record, for scripts
+    assert [t["state"] for t in record["trials"]] == ["COMPLETE"] * 4 + ["FAIL"]
+    assert record["trials"][-1]["fail_reason"].startswith("engine exited") and record["best"]["reason"]
     out = tmp_path / "deploy" / "best.yaml"
     export = subprocess.run([sys.executable, "-m", "spectune.cli", "export", "--storage", storage, "--study", "grid",
                              "-o", str(out)], capture_output=True, text=True, timeout=120, check=False)

@@ -184,9 +184,12 @@ def test_bad_model_path_exits_1_with_the_engine_reason_quickly(tmp_path: Path, r
     elapsed = time.monotonic() - t0
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == ""
-    first = proc.stderr.strip().splitlines()[0]
+    progress, *errors = proc.stderr.strip().splitlines()
+    assert progress.startswith("none: starting engine (limit 5:00) [")  # outside a terminal: one line a phase
+    first = errors[0]
     assert first.startswith("error: engine exited with code")
     assert "no-such-model" in first or "not" in first.lower()
+    assert errors[1].startswith("engine log: ") and len(errors) == 2
     assert elapsed < timeout / 2
     assert list((tmp_path / "logs").glob("*.log"))
 

@@ -1,0 +1,105 @@
+"""``spectune import``: result files of vllm bench serve (and sweep folders) as completed trials of a
+study, refused when they measured something else, and counted by guided search (recorded landscape)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bench_results import bench_result, write_result
+
+from spectune.errors import ConfigError
+from spectune.imports import import_results
+from spectune.landscape import Landscape
+from spectune.records import RECHECK_BEST
+from spectune.results import open_study
+from spectune.study import create_study
+from spectune.worker import run_study
+
+
+def _best(landscape: Landscape):  # noqa: ANN202
+    """The landscape's best speculative point (by its first engine start) and its measurement."""
+    points = [p for p in landscape.points if p.measurement is not None and not p.measurement.spec.is_baseline]
+    p = max(points, key=lambda p: p.measurement.output_throughput)
+    return p, p.measurement
+
+
+def test_an_imported_result_is_a_completed_trial_marked_imported(landscape: Landscape, tmp_path: Path) -> None:
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'i.db'}", study_name="warm", trials=4,
+                              log_dir=str(tmp_path / "logs"))
+    create_study(config)
+    point, m = _best(landscape)
+    path = write_result(tmp_path, "bench-best.json", bench_result(m))
+    done = import_results(config.storage, "warm", [path])
+    assert [i.label for i in done] == [point.label]
+    view = open_study(config.storage, "warm")
+    row = view.rows[0]
+    assert row.state == "COMPLETE" and row.imported == str(path) and row.note == "imported from bench-best.json"
+    assert row.values == pytest.approx([m.output_throughput]) and row.acceptance_rate == pytest.approx(
+        m.acceptance.acceptance_rate)  # type: ignore[union-attr]
+    stored = view.store.measurement(row.trial_id)
+    assert stored is not None and stored.hardware.platform == "imported" and stored.acceptance is not None
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"model_id": "org/another-model"}, "model_id"),
+    ({"max_concurrency": 8}, "max_concurrency"),
+    ({"num_prompts": 100}, "num_prompts"),
+    ({"request_rate": 2.0}, "request_rate"),
+    ({"workload": "mtbench"}, "workload"),
+])
+def test_a_result_of_another_model_workload_or_load_is_refused_in_one_line_and_nothing_is_written(
+        landscape: Landscape, tmp_path: Path, change: dict, field: str) -> None:
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'i.db'}", study_name="warm", trials=4,
+                              log_dir=str(tmp_path / "logs"))
+    create_study(config)
+    _, m = _best(landscape)
+    good = write_result(tmp_path, "good.json", bench_result(m))
+    bad = write_result(tmp_path, "bad.json", bench_result(m, **change))
+    with pytest.raises(ConfigError, match=rf"^{bad}: {field} .* differs from the study's .*; nothing imported$"):
+        import_results(config.storage, "warm", [good, bad])
+    assert open_study(config.storage, "warm").rows == []  # the good one was not written either
+
+
+def test_a_speculative_result_without_its_config_asks_for_it(landscape: Landscape, tmp_path: Path) -> None:
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'i.db'}", study_name="warm", trials=4,
+                              log_dir=str(tmp_path / "logs"))
+    create_study(config)
+    _, m = _best(landscape)
+    data = bench_result(m)
+    del data["speculative_config"]
+    path = write_result(tmp_path, "anonymous.json", data)
+    with pytest.raises(ConfigError, match="speculative_config: the file drafted tokens but does not say how"):
+        import_results(config.storage, "warm", [path])
+    from spectune.config import parse_spec
+
+    other = parse_spec('{"method": "ngram", "num_speculative_tokens": 7, "prompt_lookup_max": 3}')
+    with pytest.raises(ConfigError, match="not a candidate of study warm's space"):
+        import_results(config.storage, "warm", [path], spec=other)
+    assert len(import_results(config.storage, "warm", [path], spec=m.spec)) == 1  # said on the command line
+
+
+def test_guided_search_counts_imported_results_and_spends_fewer_engine_runs(landscape: Landscape,
+                                                                           tmp_path: Path) -> None:
+    plain: list[tuple[str, float]] = []
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'g.db'}", study_name="cold", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=landscape.measurer(plain))
+    cold = open_study(config.storage, "cold").best()
+    # the same study, but the team's vllm bench result of the best configuration is imported first
+    warm_config = config.model_copy(update={"study_name": "warm"})
+    create_study(warm_config)
+    point = next(p for p in landscape.points if p.label == cold.row.label)
+    path = write_result(tmp_path, "known-best.json", bench_result(point.measurement))
+    import_results(config.storage, "warm", [path])
+    warm: list[tuple[str, float]] = []
+    run_study(warm_config, measure_fn=landscape.measurer(warm))
+    view = open_study(config.storage, "warm")
+    assert view.best().row.label == cold.row.label
+    # here the imported best was only measured again on this machine before the search stopped
+    again = [r for r in view.rows if r.label == point.label and r.imported is None]
+    assert [r.recheck_reason for r in again] == [RECHECK_BEST]
+    # the cold study found the best itself: 3 engine runs (the baseline, the best, the best again);
+    # the warm one 2 (the baseline, the imported best again)
+    assert [label for label, _ in plain] == ["none", point.label, point.label]
+    assert [label for label, _ in warm] == ["none", point.label]
