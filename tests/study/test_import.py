@@ -3,6 +3,9 @@ study, refused when they measured something else, and counted by guided search (
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -103,3 +106,49 @@ def test_guided_search_counts_imported_results_and_spends_fewer_engine_runs(land
     # the warm one 2 (the baseline, the imported best again)
     assert [label for label, _ in plain] == ["none", point.label, point.label]
     assert [label for label, _ in warm] == ["none", point.label]
+
+
+@pytest.mark.engine
+def test_a_result_vllm_bench_serve_wrote_against_a_real_server_is_imported(tiny_models, repetitive_prompts: Path,
+                                                                           tmp_path: Path) -> None:
+    from conftest import study_config, tiny_engine_args
+
+    from spectune.config import parse_spec
+    from spectune.engines import VLLMServer, vllm_cli
+
+    spec = parse_spec('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}')
+    space = "methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: 3\n    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n"
+    config = study_config(tmp_path, tiny_models.target, repetitive_prompts, space, "bench", trials=2,
+                          workload={"source": str(repetitive_prompts), "num_prompts": 6, "concurrency": 2,
+                                    "sampling": {"max_tokens": 32, "temperature": 0.0}})
+    create_study(config)
+    with VLLMServer(tiny_engine_args(tiny_models.target), spec, log_path=tmp_path / "engine.log",
+                    startup_timeout=300) as server:
+        bench = subprocess.run([
+            *vllm_cli(), "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
+            "--base-url", server.base_url, "--model", server.served_model_name, "--tokenizer", str(tiny_models.target),
+            "--dataset-name", "custom", "--dataset-path", str(repetitive_prompts), "--skip-chat-template",
+            "--disable-shuffle", "--num-prompts", "6", "--max-concurrency", "2", "--request-rate", "inf",
+            "--custom-output-len", "32", "--temperature", "0", "--disable-tqdm",
+            "--metadata", f"speculative_config={json.dumps(spec.to_vllm())}", "workload=repetitive",
+            "--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json",
+        ], capture_output=True, text=True, timeout=600, check=False)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["spec_decode_num_drafts"] > 0  # vllm bench read the engine's counters itself
+    mismatched = write_result(tmp_path, "other-load.json", {**written, "max_concurrency": 4})
+    cli = [sys.executable, "-m", "spectune.cli", "import", "--storage", config.storage,
+           "--study", "bench"]
+    refused = subprocess.run([*cli, str(tmp_path / "bench.json"), str(mismatched)], capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "max_concurrency 4 differs from the study's 2; nothing imported" in refused.stderr
+    assert open_study(config.storage, "bench").rows == []  # not even the file that fits
+    done = subprocess.run([*cli, str(tmp_path / "bench.json")], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    view = open_study(config.storage, "bench")
+    (row,) = view.rows
+    assert row.state == "COMPLETE" and row.spec == spec.to_vllm() and row.note == "imported from bench.json"
+    assert row.values == pytest.approx([written["output_throughput"]])
+    assert row.mean_acceptance_length == pytest.approx(written["spec_decode_acceptance_length"])
