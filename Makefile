@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-fast demo clean
+.PHONY: setup test test-fast demo bench-landscapes clean
 
 setup:
 	scripts/setup.sh
@@ -15,6 +15,9 @@ test-fast:
 
 demo: setup
 	scripts/demo.sh
+
+bench-landscapes: setup
+	$(PY) benchmarks/landscapes.py
 
 clean:
 	rm -rf storage/*.db storage/logs .pytest_cache

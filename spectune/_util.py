@@ -6,7 +6,8 @@ import contextlib
 import importlib.util
 import os
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +27,27 @@ count in), or by a short key that its renderer names (a trial's "start", "warmup
 
 def silent(phase: str, done: int, total: int) -> None:
     """The :data:`ProgressHook` of a job nobody watches."""
+
+
+@contextlib.contextmanager
+def every(seconds: float, call: Callable[[], None], name: str) -> Iterator[None]:
+    """Call ``call`` now and then every ``seconds``, in a daemon thread named ``name``, while the
+    block runs; the thread has ended when the block is left. ``call`` handles its own errors."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:
+            call()
+            if stop.wait(seconds):
+                return
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class StrictModel(BaseModel):

@@ -10,12 +10,11 @@ import datetime as dt
 import logging
 import re
 import statistics
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from spectune._util import ProgressHook
+from spectune._util import ProgressHook, every
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.counters import fetch_counters, fetch_metrics, parse_kv_cache
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer
@@ -270,22 +269,9 @@ class _KVWatch:
         if kv.usage is not None:
             self.peak = max(self.peak or 0.0, kv.usage)
 
-    @contextlib.contextmanager
-    def watching(self) -> Iterator[None]:
-        stop = threading.Event()
-
-        def poll() -> None:
-            while not stop.wait(self.interval):
-                self._read()
-
-        self._read()
-        thread = threading.Thread(target=poll, name="spectune-kv-cache", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            thread.join()
+    def watching(self) -> contextlib.AbstractContextManager[None]:
+        """Read the gauges now and every :attr:`interval` seconds while the block runs."""
+        return every(self.interval, self._read, "spectune-kv-cache")
 
 
 def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from spectune._util import every
 from spectune.config import candidate_label
 from spectune.errors import ConfigError, EngineError
 from spectune.measurement import candidate_key
@@ -155,24 +156,15 @@ def _heartbeat(ctx: StudyContext, number: int) -> Iterator[None]:
         yield
         return
     tid = trial_id(ctx.storage, ctx.study.study_name, number)
-    stop = threading.Event()
 
     def beat() -> None:
-        while True:
-            try:
-                ctx.storage.record_heartbeat(tid)
-            except Exception as e:
-                _logger.warning("heartbeat of trial %d not recorded: %s", number, e)
-            if stop.wait(interval):
-                return
+        try:
+            ctx.storage.record_heartbeat(tid)
+        except Exception as e:
+            _logger.warning("heartbeat of trial %d not recorded: %s", number, e)
 
-    thread = threading.Thread(target=beat, name=f"spectune-heartbeat-{number}", daemon=True)
-    thread.start()
-    try:
+    with every(interval, beat, f"spectune-heartbeat-{number}"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 @dataclass

@@ -35,6 +35,34 @@ def _private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ["TMPDIR"] = old
 
 
+IN_PROCESS_EXECUTOR = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""vLLM runs its model in the engine core's own process instead of a worker process it spawns:
+each start of a tiny engine is about 25 s shorter on 2 cores (one torch and vLLM import fewer).
+The tests' engines run so (:func:`_in_process_executor`); the engine contract suite runs vLLM's
+default process layout, which spectune's studies use."""
+
+
+DEFAULT_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+"""An engine's ``env`` for vLLM's default process layout: API server, engine core, worker."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _in_process_executor() -> Iterator[None]:
+    """Engines started by the tests inherit :data:`IN_PROCESS_EXECUTOR` (unset it with
+    ``SPECTUNE_TEST_DEFAULT_EXECUTOR=1`` to run every test on vLLM's default layout)."""
+    if os.environ.get("SPECTUNE_TEST_DEFAULT_EXECUTOR") == "1":
+        yield
+        return
+    old = {k: os.environ.get(k) for k in IN_PROCESS_EXECUTOR}
+    os.environ.update(IN_PROCESS_EXECUTOR)
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def _engines_left() -> list[str]:
     """Engines (real or fake) still running below this test process, and their listening ports."""
     import psutil

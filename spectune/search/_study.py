@@ -136,10 +136,11 @@ class StudyStrategy(SearchStrategy):
     def _out_of_time(self, trials: Sequence[Snapshot]) -> float | None:
         """The engine time spent, where one more trial would take the study past its
         ``time_budget``; None while it fits. A trial is expected to take as long as the median
-        trial measured so far (answers from earlier trials take none), a running one at least that."""
+        trial measured so far, a running one at least that (answers from earlier trials and imported
+        results spent none here)."""
         if self.time_budget is None:
             return None
-        ran = [t for t in trials if t.seconds is not None and t.rec.duplicate_of is None]
+        ran = [t for t in trials if t.seconds is not None and t.rec.duplicate_of is None and t.rec.imported is None]
         ended = [t.seconds for t in ran if not t.in_flight and t.seconds is not None]
         typical = statistics.median(ended) if ended else 0.0
         spent = sum(max(t.seconds or 0.0, typical) if t.in_flight else t.seconds or 0.0 for t in ran)

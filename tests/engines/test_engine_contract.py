@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_ENGINE, group_is_gone, port_is_free, tiny_engine_args
+from conftest import DEFAULT_LAYOUT, FAKE_ENGINE, group_is_gone, port_is_free, tiny_engine_args
 
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.counters import fetch_counters
@@ -44,7 +44,7 @@ class Probe:
 def _server(kind: str, tiny_models, log: Path, *, broken: bool = False) -> EngineServer:  # noqa: ANN001
     if kind == "vllm":
         model = tiny_models.target if not broken else log.parent / "no-such-model"
-        return VLLMServer(tiny_engine_args(model), SpecConfig(), log_path=log, startup_timeout=300)
+        return VLLMServer(tiny_engine_args(model, env=DEFAULT_LAYOUT), SpecConfig(), log_path=log, startup_timeout=300)
     behaviour = "fail" if broken else "serve"
     return VLLMServer(EngineArgs(model="stand-in", env={"FAKE_ENGINE_BEHAVIOUR": behaviour}), SpecConfig(),
                       log_path=log, startup_timeout=60, platform=STAND_IN)

@@ -71,16 +71,19 @@ def test_the_export_carries_both_and_vllms_own_parser_reads_it(knob_study, tmp_p
 
 
 def test_a_memory_limit_rules_out_the_larger_kv_cache(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
-    # the tiny target's engine holds about 2.2 GiB with a 64 MiB KV cache and 3.1 GiB with 1 GiB
+    # first the baseline at the small KV cache, without a limit; the study then resumes with a
+    # limit half way to the memory a KV cache 960 MiB larger adds: the larger one breaks it
     space = "methods:\n  none: {}\nengine:\n  kv_cache_memory_bytes: [67108864, 1073741824]\n"
-    cfg = study_config(tmp_path, tiny_models.target, repetitive_prompts, space, "memory", trials=2,
-                       engine={"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0},
-                       slo={"max_memory": "2.65GiB"})
+    engine = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "seed": 0}
+    cfg = study_config(tmp_path, tiny_models.target, repetitive_prompts, space, "memory", trials=1, engine=engine)
     run_study(cfg)
+    (first,) = open_study(cfg.storage, "memory").rows
+    limit = first.peak_memory_bytes + 480 * 2**20
+    run_study(cfg.model_copy(update={"trials": 2, "slo": cfg.slo.model_copy(update={"max_memory": limit})}))
     view = open_study(cfg.storage, "memory")
     rows = {r.engine["kv_cache_memory_bytes"]: r for r in view.rows}
     small, large = rows[64 * 2**20], rows[2**30]
-    assert small.peak_memory_bytes < 2.65 * 2**30 < large.peak_memory_bytes
+    assert small.number == first.number and large.peak_memory_bytes > limit
     assert small.feasible and not large.feasible and large.note == "breaks max_memory"
     assert large.kv_cache_tokens > small.kv_cache_tokens
     result = export_best(view, tmp_path / "best.yaml")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import EngineTrace, assert_engine_gone, recording_server, tiny_engine_args
+from conftest import DEFAULT_LAYOUT, EngineTrace, assert_engine_gone, recording_server, tiny_engine_args
 
 from spectune.config import Method, SpecConfig, WorkloadSpec
 from spectune.load import arrival_offsets
@@ -48,8 +48,10 @@ def runs(tiny_models, repetitive_prompts: Path, traces: list[EngineTrace], tmp_p
     out["self_draft"] = measure(
         engine, SpecConfig(method=Method.DRAFT_MODEL, model=str(tiny_models.target), num_speculative_tokens=K),
         workload, prompts, log_dir=logs, server_factory=factory)
-    out["ngram"] = measure(  # kept off vLLM's compute CPUs, with the client (SPECTUNE_CPU_PIN=1); Poisson arrivals
-        tiny_engine_args(tiny_models.target, env={"SPECTUNE_CPU_PIN": "1"}), SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1, prompt_lookup_max=3),
+    # kept off vLLM's compute CPUs, with the client (SPECTUNE_CPU_PIN=1), in vLLM's default layout (its
+    # compute threads in a worker process of their own); Poisson arrivals
+    out["ngram"] = measure(
+        tiny_engine_args(tiny_models.target, env={"SPECTUNE_CPU_PIN": "1", **DEFAULT_LAYOUT}), SpecConfig(method=Method.NGRAM, num_speculative_tokens=K, prompt_lookup_min=1, prompt_lookup_max=3),
         _workload(repetitive_prompts, request_rate=RATE), prompts, log_dir=logs, server_factory=factory)
     proc = subprocess.run(
         [sys.executable, "-m", "spectune.cli", "measure", "--model", str(tiny_models.target),

@@ -1,0 +1,162 @@
+"""Every recorded landscape in one table: search efficiency, prediction errors and decision quality.
+
+For each landscape of ``benchmarks/landscapes/`` (``--landscape`` picks some), with one set of
+settings for all:
+
+1. ``search_efficiency.py evaluate`` on it (no engine: the study loop answered from the file),
+   written to ``benchmarks/results/search_efficiency_<name>.json`` (``search_efficiency.json`` for
+   the default ``tiny``): the engine seconds guided search needs to measure a configuration within
+   2 % of the best, against the grid, random search and TPE (``--seeds`` seeds each), and the
+   leave-one-out errors of acceptance length and throughput;
+2. decision quality: ``--decision-seeds`` guided studies, each answered by engine starts drawn at
+   random from the landscape's recorded starts of each candidate (its measured noise), and what
+   each would export: ``same_pick_rate`` is the share whose choice is the landscape's best or
+   lies within its noise band of it (the band: twice the pooled spread of one engine start around
+   its candidate's mean, at least 2 %); where no configuration beats the baseline beyond that band,
+   ``baseline_pick_rate`` is the share that export the baseline (null elsewhere).
+
+Writes ``benchmarks/results/landscapes.json``: a list with one object per landscape (``name``,
+``workload``, ``concurrency``, ``candidates``, ``grid_ratio``, ``random_ratio``, ``tpe_ratio``,
+``acceptance_error_median``, ``acceptance_error_max``, ``throughput_error``, ``same_pick_rate``,
+``baseline_pick_rate``, and what these rest on)::
+
+    .venv/bin/python benchmarks/landscapes.py            # make bench-landscapes
+    .venv/bin/python benchmarks/landscapes.py --landscape tiny_epyc --decision-seeds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from spectune._util import atomic_write_text  # noqa: E402
+from spectune.landscape import Landscape  # noqa: E402
+
+LANDSCAPES = REPO / "benchmarks" / "landscapes"
+RESULTS = REPO / "benchmarks" / "results"
+SKIP = {"tiny_sweep"}
+"""Landscapes recorded for other benchmarks (a concurrency sweep), not for search efficiency."""
+
+
+def _result_path(name: str) -> Path:
+    return RESULTS / ("search_efficiency.json" if name == "tiny" else f"search_efficiency_{name}.json")
+
+
+def _noise_band(landscape: Landscape, objective: str) -> float:
+    """Twice the pooled relative spread of one engine start around its candidate's mean, at least 2 %."""
+    dev = []
+    for starts in landscape.engines().values():
+        values = [v for p in starts if (v := landscape.value(p, objective)) is not None]
+        if len(values) > 1:
+            mean = statistics.fmean(values)
+            dev += [(v / mean - 1.0) ** 2 for v in values]
+    return max(0.02, 2.0 * math.sqrt(statistics.fmean(dev))) if dev else 0.02
+
+
+def _noisy_measurer(landscape: Landscape, seed: int):  # noqa: ANN202
+    """Answers each call with an engine start of its candidate drawn at random (seeded)."""
+    from spectune.errors import EngineError
+    from spectune.measurement import spec_key
+
+    engines, rng = landscape.engines(), random.Random(seed)
+
+    def measure(engine: object, spec: Any, *args: object, **kwargs: object) -> Any:
+        p = rng.choice(engines[spec_key(spec.to_vllm())])
+        if p.measurement is None:
+            raise EngineError(p.error or "engine failed")
+        return p.measurement
+
+    return measure
+
+
+def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
+    """What guided studies answered by randomly drawn engine starts export (module docstring)."""
+    from spectune.results import open_study
+    from spectune.worker import run_study
+
+    objective = landscape.config().objectives[0]
+    sign = 1.0 if objective.maximize else -1.0
+    means = landscape.means(objective.value)
+    best = max(means, key=lambda k: sign * means[k])
+    band = _noise_band(landscape, objective.value)
+    base = means.get("none")
+    decided = base is not None and sign * (means[best] / base - 1.0) > band
+    chosen = []
+    with tempfile.TemporaryDirectory(prefix="spectune-landscapes-") as work:
+        for seed in range(seeds):
+            config = landscape.config(storage=f"sqlite:///{work}/d{seed}.db", study_name=f"d{seed}", sampler="guided",
+                                      seed=seed, trials=len(landscape.engines()), log_dir=f"{work}/logs")
+            run_study(config, measure_fn=_noisy_measurer(landscape, seed))
+            chosen.append(open_study(config.storage, f"d{seed}").best().row.label)
+    same = [c == best or sign * (means.get(c, -sign * math.inf) / means[best] - 1.0) >= -band for c in chosen]
+    return {"best": best, "noise_band": band, "beats_baseline_beyond_noise": decided, "chosen": chosen,
+            "same_pick_rate": statistics.fmean(same),
+            "baseline_pick_rate": None if decided else statistics.fmean(c == "none" for c in chosen)}
+
+
+def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[str, Any]) -> dict[str, Any]:
+    cfg = landscape.study_config
+    wl = cfg.get("workload", {})
+    accept = [e["error"] for e in result["prediction_errors"]["acceptance_length"]]
+    hw = next((p.measurement.hardware for p in landscape.points if p.measurement is not None), None)
+    return {
+        "name": name, "workload": wl.get("source"), "concurrency": wl.get("concurrency"),
+        "candidates": result["candidates"], "engine_starts_per_candidate": result["engine_starts_per_candidate"],
+        "grid_ratio": result["grid_engine_seconds_ratio"], "random_ratio": result["random_engine_seconds_ratio"],
+        "tpe_ratio": result["tpe_engine_seconds_ratio"],
+        "acceptance_error_median": statistics.median(accept) if accept else None,
+        "acceptance_error_max": max(accept) if accept else None,
+        "throughput_error": result["throughput_error"],
+        "same_pick_rate": quality["same_pick_rate"], "baseline_pick_rate": quality["baseline_pick_rate"],
+        "decision": quality, "dtype": (cfg.get("engine") or {}).get("dtype"),
+        "machine": hw.model_dump() if hw is not None else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--landscape", action="append", help="names under benchmarks/landscapes (default: all)")
+    parser.add_argument("--seeds", type=int, default=7, help="seeds of random search and TPE (and guided's fallback)")
+    parser.add_argument("--decision-seeds", type=int, default=20)
+    parser.add_argument("--reuse", action="store_true", help="read the stored evaluate results instead of rerunning")
+    parser.add_argument("--out", type=Path, default=RESULTS / "landscapes.json")
+    args = parser.parse_args()
+    names = args.landscape or sorted(p.stem for p in LANDSCAPES.glob("*.json") if p.stem not in SKIP)
+    rows = []
+    for name in names:
+        path, out = LANDSCAPES / f"{name}.json", _result_path(name)
+        if not args.reuse or not out.exists():
+            print(f"{name}: evaluate", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, str(REPO / "benchmarks" / "search_efficiency.py"), "evaluate", str(path),
+                            "--seeds", str(args.seeds), "--out", str(out)], check=True, cwd=REPO)
+        landscape = Landscape.load(path)
+        print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
+        from search_efficiency import _models_here  # the same models as evaluate replays with
+
+        quality = decision_quality(_models_here(landscape), args.decision_seeds)
+        rows.append(row(name, landscape, json.loads(out.read_text()), quality))
+        r = rows[-1]
+        print(f"{name}: grid {r['grid_ratio']}, random {r['random_ratio']}, tpe {r['tpe_ratio']}, acceptance "
+              f"{r['acceptance_error_median']} / {r['acceptance_error_max']}, throughput {r['throughput_error']:.3f}, "
+              f"same pick {r['same_pick_rate']:.2f}, baseline pick {r['baseline_pick_rate']}", flush=True)
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    payload = [{**r, "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds} for r in rows]
+    atomic_write_text(args.out, json.dumps(payload, indent=1) + "\n")
+    print(f"-> {args.out}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    main()
