@@ -13,12 +13,14 @@ settings for all:
    each would export: ``same_pick_rate`` is the share whose choice is the landscape's best or
    lies within its noise band of it (the band: twice the pooled spread of one engine start around
    its candidate's mean, at least 2 %); where no configuration beats the baseline beyond that band,
-   ``baseline_pick_rate`` is the share that export the baseline (null elsewhere).
+   ``baseline_pick_rate`` is the share that export the baseline (null elsewhere);
+   ``prior_interval_hit_rate`` is the share whose first speculative trial measured a value inside
+   the interval guided search predicted for it from the prior and the baseline alone.
 
 Writes ``benchmarks/results/landscapes.json``: a list with one object per landscape (``name``,
 ``workload``, ``concurrency``, ``candidates``, ``grid_ratio``, ``random_ratio``, ``tpe_ratio``,
 ``acceptance_error_median``, ``acceptance_error_max``, ``throughput_error``, ``same_pick_rate``,
-``baseline_pick_rate``, and what these rest on)::
+``baseline_pick_rate``, ``prior_interval_hit_rate``, and what these rest on)::
 
     .venv/bin/python benchmarks/landscapes.py            # make bench-landscapes
     .venv/bin/python benchmarks/landscapes.py --landscape tiny_epyc --decision-seeds 20
@@ -93,17 +95,39 @@ def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
     band = _noise_band(landscape, objective.value)
     base = means.get("none")
     decided = base is not None and sign * (means[best] / base - 1.0) > band
-    chosen = []
+    chosen: list[str] = []
+    firsts: list[dict[str, Any] | None] = []
     with tempfile.TemporaryDirectory(prefix="spectune-landscapes-") as work:
         for seed in range(seeds):
             config = landscape.config(storage=f"sqlite:///{work}/d{seed}.db", study_name=f"d{seed}", sampler="guided",
                                       seed=seed, trials=len(landscape.engines()), log_dir=f"{work}/logs")
             run_study(config, measure_fn=_noisy_measurer(landscape, seed))
-            chosen.append(open_study(config.storage, f"d{seed}").best().row.label)
+            view = open_study(config.storage, f"d{seed}")
+            chosen.append(view.best().row.label)
+            firsts.append(_first_speculative(view.study))
     same = [c == best or sign * (means.get(c, -sign * math.inf) / means[best] - 1.0) >= -band for c in chosen]
+    hits = [f["inside"] for f in firsts if f is not None]
     return {"best": best, "noise_band": band, "beats_baseline_beyond_noise": decided, "chosen": chosen,
             "same_pick_rate": statistics.fmean(same),
-            "baseline_pick_rate": None if decided else statistics.fmean(c == "none" for c in chosen)}
+            "baseline_pick_rate": None if decided else statistics.fmean(c == "none" for c in chosen),
+            "prior_interval_hit_rate": statistics.fmean(hits) if hits else None, "first_speculative": firsts}
+
+
+def _first_speculative(study: Any) -> dict[str, Any] | None:
+    """The first speculative trial guided search ran: its interval, predicted from the prior and the
+    baseline alone, and what it then measured (None if it ran none with an interval)."""
+    from spectune.records import TrialRecord
+
+    for trial in sorted(study.trials, key=lambda t: t.number):
+        rec = TrialRecord.of(trial)
+        if (rec.spec or {}).get("method", "none") == "none" or rec.imported is not None:
+            continue
+        value = trial.values[0] if trial.values else None
+        if rec.predicted_low is None or rec.predicted_high is None or value is None:
+            return None
+        return {"config": rec.config, "low": rec.predicted_low, "high": rec.predicted_high, "measured": value,
+                "inside": rec.predicted_low <= value <= rec.predicted_high}
+    return None
 
 
 def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +144,7 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "acceptance_error_max": max(accept) if accept else None,
         "throughput_error": result["throughput_error"],
         "same_pick_rate": quality["same_pick_rate"], "baseline_pick_rate": quality["baseline_pick_rate"],
+        "prior_interval_hit_rate": quality["prior_interval_hit_rate"],
         "decision": quality, "dtype": (cfg.get("engine") or {}).get("dtype"),
         "machine": hw.model_dump() if hw is not None else None,
     }
@@ -150,7 +175,8 @@ def main() -> None:
         r = rows[-1]
         print(f"{name}: grid {r['grid_ratio']}, random {r['random_ratio']}, tpe {r['tpe_ratio']}, acceptance "
               f"{r['acceptance_error_median']} / {r['acceptance_error_max']}, throughput {r['throughput_error']:.3f}, "
-              f"same pick {r['same_pick_rate']:.2f}, baseline pick {r['baseline_pick_rate']}", flush=True)
+              f"same pick {r['same_pick_rate']:.2f}, baseline pick {r['baseline_pick_rate']}, "
+              f"first speculative trial inside the prior's interval {r['prior_interval_hit_rate']}", flush=True)
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     payload = [{**r, "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds} for r in rows]
     atomic_write_text(args.out, json.dumps(payload, indent=1) + "\n")
