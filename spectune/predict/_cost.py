@@ -37,8 +37,12 @@ on the steadier Xeon of the default landscape).
 falling back to the method with other models) by least squares over its measured trials, with
 ``E`` and ``d`` from each trial's own counters; its interval spans the per-trial estimates of
 ``c`` widened by each trial's measured noise (the spread of its windows, at least
-:data:`REL_NOISE`). A proposer never measured gets the prior
-:data:`COST_PRIORS`, with the interval ``[c/3, 3c]``.
+:data:`REL_NOISE`). A model-free proposer (n-gram lookup, suffix decoding) whose method has no
+trials yet takes the fit over the other model-free methods' trials (``fit-model-free``): neither
+runs a model, so what a drafted token costs is the target's verification of it, the same for
+both, and one measured suffix configuration tells more about n-gram's cost than the prior does.
+A proposer never measured otherwise gets the prior :data:`COST_PRIORS`, with the interval
+``[c/3, 3c]``.
 
 Output throughput at the study's concurrency is predicted as
 ``baseline_throughput * t0 / TPOT``: at a fixed number of requests in flight, throughput is
@@ -148,7 +152,8 @@ class ProposerCost:
     """Cost of one proposer: ``c`` per drafted token (estimate and interval) and the fixed
     ``overhead`` of a speculative step (proposing, rejection sampling; 0 until it can be fitted),
     how many configurations it rests on, where it comes from (``fit``: this proposer's trials;
-    ``fit-method``: the method's trials with other models; ``prior``: :data:`COST_PRIORS`)."""
+    ``fit-method``: the method's trials with other models; ``fit-model-free``: the other model-free
+    methods' trials; ``prior``: :data:`COST_PRIORS`)."""
 
     c: float
     low: float
@@ -249,12 +254,15 @@ class CostModel:
     baseline_throughput: float
     proposers: dict[tuple[Method, str | None], ProposerCost] = field(default_factory=dict)
     methods: dict[Method, ProposerCost] = field(default_factory=dict)
+    model_free: ProposerCost | None = None
+    """The fit over every model-free method's trials (n-gram, suffix), None without any."""
     priors: Mapping[Method, float] = field(default_factory=lambda: dict(COST_PRIORS))
     gauge_weight: float = 1.0
     """The power of the engines' gauged speeds the fits used (:func:`gauge_weight`)."""
 
     def cost(self, spec: SpecConfig) -> ProposerCost:
-        """``c`` of the candidate's proposer: its own fit, else its method's, else the prior.
+        """``c`` of the candidate's proposer: its own fit, else its method's, else (a model-free
+        method) the other model-free methods', else the prior.
 
         Raises:
             ConfigError: a method with neither measurements nor a prior (the baseline).
@@ -263,7 +271,9 @@ class CostModel:
             return self.proposers[(spec.method, spec.model)]
         if spec.method in self.methods:
             fitted = self.methods[spec.method]
-            return ProposerCost(fitted.c, fitted.low, fitted.high, fitted.n, "fit-method", fitted.overhead)
+            return dataclasses.replace(fitted, source="fit-method")
+        if spec.method.drafts_from_text and self.model_free is not None:
+            return dataclasses.replace(self.model_free, source="fit-model-free")
         if spec.method not in self.priors:
             raise ConfigError(f"no cost known for method {spec.method}")
         c = self.priors[spec.method]
@@ -321,5 +331,7 @@ def fit_cost_model(
         by_method.setdefault(p.method, []).append(p)
     model.proposers = {key: fit_cost(t0_ms, group, weight=0.0) for key, group in by_proposer.items()}
     model.methods = {key: fit_cost(t0_ms, group, weight=0.0) for key, group in by_method.items()}
+    if text := [p for key, group in by_method.items() if key.drafts_from_text for p in group]:
+        model.model_free = fit_cost(t0_ms, text, weight=0.0)
     return model
 

@@ -18,7 +18,7 @@ class Prediction:
 
     ``value`` is the study's first objective; ``source`` says where acceptance comes from
     (replay, truncation, extrapolation, prior) and ``cost_source`` where ``c`` does (fit,
-    fit-method, prior).
+    fit-method, fit-model-free, prior).
     """
 
     label: str

@@ -49,6 +49,28 @@ def test_cost_model_recovers_c() -> None:
     assert model.throughput(5.0) == pytest.approx(200.0)
 
 
+def test_a_model_free_method_not_measured_yet_takes_the_other_model_free_methods_cost() -> None:
+    # suffix decoding measured dear (c 0.4: verification on a compute-bound target), n-gram not yet
+    t0 = 10.0
+    e = {k: leviathan_expected_tokens(0.6, k) for k in (4, 8, 16)}
+    points = [CostPoint(Method.SUFFIX, None, k, t0 * (1 + 0.4 * k) / e[k], e[k], f"suffix{k}", noise=0.01)
+              for k in (4, 8, 16)]
+    model = fit_cost_model(t0, 100.0, points)
+    suffix = model.cost(SpecConfig(method=Method.SUFFIX, num_speculative_tokens=8))
+    ngram = model.cost(SpecConfig(method=Method.NGRAM, num_speculative_tokens=4))
+    assert ngram.source == "fit-model-free" and ngram.c == pytest.approx(suffix.c) and ngram.n == 3
+    assert ngram.c > 3 * model.priors[Method.NGRAM]  # the prior's interval ([c/3, 3c]) would not hold it
+    # a draft model runs a model of its own: the text proposers' cost says nothing of it
+    assert model.cost(SpecConfig(method=Method.DRAFT_MODEL, model="d", num_speculative_tokens=2)).source == "prior"
+    # predicted n-gram throughput falls with it: far below what the prior gave
+    prior_only = fit_cost_model(t0, 100.0, [])
+    spec, tokens = SpecConfig(method=Method.NGRAM, num_speculative_tokens=4), Estimate(2.0, 2.0, 2.0)
+    assert model.predict_tpot(spec, tokens).value > 2 * prior_only.predict_tpot(spec, tokens).value
+    # once n-gram is measured it is priced by its own trials
+    own = fit_cost_model(t0, 100.0, [*points, CostPoint(Method.NGRAM, None, 4, t0 * 1.1 / 2.0, 2.0, "ngram4")])
+    assert own.cost(spec).source == "fit" and own.cost(spec).c < suffix.c
+
+
 def test_a_cost_that_does_not_grow_with_drafted_tokens_is_a_flat_overhead() -> None:
     t0, overhead = 10.0, 0.5
     # every step costs 1.5 t0 whatever it drafts; the noise tilts the slope slightly down
