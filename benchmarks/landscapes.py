@@ -120,7 +120,7 @@ def _first_speculative(study: Any) -> dict[str, Any] | None:
 
     for trial in sorted(study.trials, key=lambda t: t.number):
         rec = TrialRecord.of(trial)
-        if (rec.spec or {}).get("method", "none") == "none" or rec.imported is not None:
+        if (rec.spec or {}).get("method", "none") == "none":
             continue
         value = trial.values[0] if trial.values else None
         if rec.predicted_low is None or rec.predicted_high is None or value is None:
