@@ -8,6 +8,7 @@ setup:
 	scripts/setup.sh
 
 test: setup
+	scripts/browser.sh
 	$(PY) -m pytest -q
 
 test-fast:
