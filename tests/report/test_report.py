@@ -222,7 +222,7 @@ def _chromium() -> str:
         if path := shutil.which(name):
             return path
     pytest.fail("Chromium not found: the browser tests need the Debian packages chromium and "
-                "chromium-driver (apt-get install -y chromium chromium-driver)")
+                "chromium-driver (scripts/browser.sh installs them; make test runs it)")
 
 
 def _browse(url: str, profile: Path, screenshot: Path | None = None) -> str:
