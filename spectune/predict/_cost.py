@@ -42,7 +42,9 @@ trials yet takes the fit over the other model-free methods' trials (``fit-model-
 runs a model, so what a drafted token costs is the target's verification of it, the same for
 both, and one measured suffix configuration tells more about n-gram's cost than the prior does.
 A proposer never measured otherwise gets the prior :data:`COST_PRIORS`, with the interval
-``[c/3, 3c]``.
+``[c/3, 3c]`` and, at the interval's dear end, a fixed overhead of up to
+:data:`PRIOR_OVERHEAD_HIGH`: the prior's ``c`` is what a drafted token costs a large model on a
+GPU, while on a small model or a CPU a speculative step pays a price of its own whatever it drafts.
 
 Output throughput at the study's concurrency is predicted as
 ``baseline_throughput * t0 / TPOT``: at a fixed number of requests in flight, throughput is
@@ -72,7 +74,7 @@ from spectune.predict._measured import effective_k
 if TYPE_CHECKING:
     pass
 
-__all__ = ["COST_PRIORS", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model", "gauge_weight"]
+__all__ = ["COST_PRIORS", "PRIOR_OVERHEAD_HIGH", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model", "gauge_weight"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -93,6 +95,15 @@ drafts at a tenth of the target's size, and heads, sit around 0.1-0.3), not meas
 
 PRIOR_SPREAD = 3.0
 """A prior ``c`` is believed within a factor of this either way."""
+
+PRIOR_OVERHEAD_HIGH = 1.0
+"""The most a speculative step's fixed work (proposing, rejection sampling, the scheduler's and
+the sampler's bookkeeping) is believed to cost, relative to a step of the target alone, before
+the study has measured the proposer: about nothing against a large model's step on a GPU, up to
+a whole step against a small model's on a CPU (where the recorded landscapes' model-free
+configurations measured up to 3.2x the baseline's time per step, against at most 1.6x from the
+prior's ``c`` alone). It widens only the dear end of the prior's interval: the estimate and the
+cheap end, which decide what the search measures, keep no overhead."""
 
 REL_NOISE = 0.02
 """Relative noise of one measured TPOT (as :data:`spectune.results.NOISE_FLOOR`)."""
@@ -161,6 +172,8 @@ class ProposerCost:
     n: int
     source: str
     overhead: float = 0.0
+    overhead_high: float | None = None
+    """The overhead at the interval's dear end (the prior's :data:`PRIOR_OVERHEAD_HIGH`); None: ``overhead``."""
 
     def tpot_ms(self, t0_ms: float, d: float, tokens_per_step: float) -> float:
         """``t0 (1 + overhead + c d) / E`` at this proposer's fitted cost."""
@@ -277,7 +290,7 @@ class CostModel:
         if spec.method not in self.priors:
             raise ConfigError(f"no cost known for method {spec.method}")
         c = self.priors[spec.method]
-        return ProposerCost(c, c / PRIOR_SPREAD, c * PRIOR_SPREAD, 0, "prior")
+        return ProposerCost(c, c / PRIOR_SPREAD, c * PRIOR_SPREAD, 0, "prior", overhead_high=PRIOR_OVERHEAD_HIGH)
 
     def tpot_ms(self, d: float, c: float, tokens_per_step: float, overhead: float = 0.0) -> float:
         """``t0 (1 + overhead + c d) / E``."""
@@ -288,7 +301,8 @@ class CostModel:
         (default ``k``): low from the cheapest ``c`` and most tokens, high from the dearest
         ``c`` and fewest. The cheapest step costs no less than a step of the target alone: ``c``
         goes below 0 only as far as the overhead allows (the interval of a flat cost, ``c = 0``,
-        spans the overheads its trials measured)."""
+        spans the overheads its trials measured); the dear end pays the proposer's ``overhead_high``
+        where it has one (the prior's)."""
         cost = self.cost(spec)
         d = drafted if drafted is not None else float(effective_k(spec) or 1)  # own-config k: assume 1
         o = cost.overhead
@@ -296,7 +310,7 @@ class CostModel:
         return Estimate(
             self.tpot_ms(d, cost.c, tokens_per_step.value, o),
             self.tpot_ms(d, min(max(cost.low, floor), cost.c), tokens_per_step.high, o),
-            self.tpot_ms(d, cost.high, tokens_per_step.low, o),
+            self.tpot_ms(d, cost.high, tokens_per_step.low, o if cost.overhead_high is None else cost.overhead_high),
         )
 
     def throughput(self, tpot_ms: float) -> float:

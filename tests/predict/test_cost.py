@@ -10,10 +10,12 @@ from synthetic import (
 )
 
 from spectune.config import Method, SpecConfig
+from spectune.predict._cost import PRIOR_SPREAD
 from spectune.measurement import (
     LevelStats,
 )
 from spectune.predict import (
+    PRIOR_OVERHEAD_HIGH,
     CostPoint,
     Estimate,
     at_typical_speed,
@@ -69,6 +71,25 @@ def test_a_model_free_method_not_measured_yet_takes_the_other_model_free_methods
     # once n-gram is measured it is priced by its own trials
     own = fit_cost_model(t0, 100.0, [*points, CostPoint(Method.NGRAM, None, 4, t0 * 1.1 / 2.0, 2.0, "ngram4")])
     assert own.cost(spec).source == "fit" and own.cost(spec).c < suffix.c
+
+
+def test_the_priors_dear_end_allows_a_fixed_step_overhead_that_its_estimate_does_not_assume() -> None:
+    t0, spec, tokens = 10.0, SpecConfig(method=Method.SUFFIX, num_speculative_tokens=8), Estimate(2.5, 2.0, 3.0)
+    model = fit_cost_model(t0, 100.0, [])
+    c, d = model.priors[Method.SUFFIX], 3.0
+    tpot = model.predict_tpot(spec, tokens, d)
+    assert tpot.value == pytest.approx(t0 * (1 + c * d) / 2.5)  # the estimate: no overhead
+    assert tpot.low == pytest.approx(t0 * (1 + c / PRIOR_SPREAD * d) / 3.0)
+    assert tpot.high == pytest.approx(t0 * (1 + PRIOR_OVERHEAD_HIGH + c * PRIOR_SPREAD * d) / 2.0)
+    # a step at twice the target's, whatever it drafts (a small model on a CPU), is inside the interval
+    dear = t0 * 2.0 * (1 + c * d) / 2.5
+    assert tpot.low < dear < tpot.high
+    # once the method is measured its fit prices it, and the prior's overhead is gone from the dear end
+    measured = fit_cost_model(t0, 100.0, [CostPoint(Method.SUFFIX, None, 8, t0 * (1 + 0.1 * d) / 2.5, 2.5, "s8",
+                                                    drafted=d, noise=0.01)])
+    fitted = measured.cost(spec)
+    assert fitted.source == "fit" and fitted.overhead_high is None
+    assert measured.predict_tpot(spec, tokens, d).high == pytest.approx(t0 * (1 + fitted.high * d) / 2.0)
 
 
 def test_a_cost_that_does_not_grow_with_drafted_tokens_is_a_flat_overhead() -> None:
