@@ -15,12 +15,17 @@ settings for all:
    its candidate's mean, at least 2 %); where no configuration beats the baseline beyond that band,
    ``baseline_pick_rate`` is the share that export the baseline (null elsewhere);
    ``prior_interval_hit_rate`` is the share whose first speculative trial measured a value inside
-   the interval guided search predicted for it from the prior and the baseline alone.
+   the interval guided search predicted for it from the prior and the baseline alone;
+3. ``prior_interval_coverage``: every speculative candidate predicted from one recorded engine
+   start of the baseline alone (each start in turn), as a study predicts before its first
+   speculative trial: the share of (start, candidate) pairs whose candidate mean lies inside the
+   predicted interval.
 
 Writes ``benchmarks/results/landscapes.json``: a list with one object per landscape (``name``,
 ``workload``, ``concurrency``, ``candidates``, ``grid_ratio``, ``random_ratio``, ``tpe_ratio``,
 ``acceptance_error_median``, ``acceptance_error_max``, ``throughput_error``, ``same_pick_rate``,
-``baseline_pick_rate``, ``prior_interval_hit_rate``, and what these rest on)::
+``baseline_pick_rate``, ``prior_interval_hit_rate``, ``prior_interval_coverage``, and what these
+rest on)::
 
     .venv/bin/python benchmarks/landscapes.py            # make bench-landscapes
     .venv/bin/python benchmarks/landscapes.py --landscape tiny_epyc --decision-seeds 20
@@ -113,6 +118,21 @@ def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
             "prior_interval_hit_rate": statistics.fmean(hits) if hits else None, "first_speculative": firsts}
 
 
+def prior_interval_coverage(landscape: Landscape) -> float | None:
+    """Share of (baseline start, speculative candidate) pairs whose candidate mean lies inside the
+    interval predicted from that baseline start alone (module docstring)."""
+    from spectune.predict import predict_candidates
+
+    objective = landscape.config().objectives[0].value
+    means = landscape.means(objective)
+    engines = [[p.measurement for p in starts if p.measurement is not None] for starts in landscape.engines().values()]
+    bases = [m for starts in engines for m in starts if m.spec.is_baseline]
+    specs = [starts[0].spec for starts in engines if starts and not starts[0].spec.is_baseline]
+    inside = [pred.value.low <= means[pred.label] <= pred.value.high
+              for base in bases for pred in predict_candidates(specs, base, [], objective=objective)]
+    return statistics.fmean(inside) if inside else None
+
+
 def _first_speculative(study: Any) -> dict[str, Any] | None:
     """The first speculative trial guided search ran: its interval, predicted from the prior and the
     baseline alone, and what it then measured (None if it ran none with an interval)."""
@@ -145,6 +165,7 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "throughput_error": result["throughput_error"],
         "same_pick_rate": quality["same_pick_rate"], "baseline_pick_rate": quality["baseline_pick_rate"],
         "prior_interval_hit_rate": quality["prior_interval_hit_rate"],
+        "prior_interval_coverage": prior_interval_coverage(landscape),
         "decision": quality, "dtype": (cfg.get("engine") or {}).get("dtype"),
         "machine": hw.model_dump() if hw is not None else None,
     }
@@ -170,13 +191,14 @@ def main() -> None:
         print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
         from search_efficiency import _models_here  # the same models as evaluate replays with
 
-        quality = decision_quality(_models_here(landscape), args.decision_seeds)
-        rows.append(row(name, landscape, json.loads(out.read_text()), quality))
+        here = _models_here(landscape)
+        rows.append(row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds)))
         r = rows[-1]
         print(f"{name}: grid {r['grid_ratio']}, random {r['random_ratio']}, tpe {r['tpe_ratio']}, acceptance "
               f"{r['acceptance_error_median']} / {r['acceptance_error_max']}, throughput {r['throughput_error']:.3f}, "
               f"same pick {r['same_pick_rate']:.2f}, baseline pick {r['baseline_pick_rate']}, "
-              f"first speculative trial inside the prior's interval {r['prior_interval_hit_rate']}", flush=True)
+              f"first speculative trial inside the prior's interval {r['prior_interval_hit_rate']}, candidates "
+              f"inside it {r['prior_interval_coverage']}", flush=True)
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     payload = [{**r, "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds} for r in rows]
     atomic_write_text(args.out, json.dumps(payload, indent=1) + "\n")
