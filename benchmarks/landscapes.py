@@ -150,6 +150,12 @@ def _first_speculative(study: Any) -> dict[str, Any] | None:
     return None
 
 
+def _dtype(landscape: Landscape) -> str | None:
+    """The dtype the landscape's engines ran (the study's setting where no engine recorded one)."""
+    ran = next((p.measurement.engine.dtype for p in landscape.points if p.measurement is not None), None)
+    return ran or (landscape.study_config.get("engine") or {}).get("dtype")
+
+
 def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[str, Any]) -> dict[str, Any]:
     cfg = landscape.study_config
     wl = cfg.get("workload", {})
@@ -166,7 +172,7 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "same_pick_rate": quality["same_pick_rate"], "baseline_pick_rate": quality["baseline_pick_rate"],
         "prior_interval_hit_rate": quality["prior_interval_hit_rate"],
         "prior_interval_coverage": prior_interval_coverage(landscape),
-        "decision": quality, "dtype": (cfg.get("engine") or {}).get("dtype"),
+        "decision": quality, "dtype": _dtype(landscape),
         "machine": hw.model_dump() if hw is not None else None,
     }
 
