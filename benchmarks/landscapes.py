@@ -29,6 +29,9 @@ rest on)::
 
     .venv/bin/python benchmarks/landscapes.py            # make bench-landscapes
     .venv/bin/python benchmarks/landscapes.py --landscape tiny_epyc --decision-seeds 20
+
+With ``--landscape``, the rows of the landscapes named replace theirs in ``--out`` and the others
+are kept, each with its own ``evaluated_at``.
 """
 
 from __future__ import annotations
@@ -207,7 +210,9 @@ def main() -> None:
               f"inside it {r['prior_interval_coverage']}", flush=True)
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     payload = [{**r, "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds} for r in rows]
-    atomic_write_text(args.out, json.dumps(payload, indent=1) + "\n")
+    if args.landscape and args.out.exists():  # some landscapes: their rows replace theirs, the others stay
+        payload += [r for r in json.loads(args.out.read_text()) if r["name"] not in names]
+    atomic_write_text(args.out, json.dumps(sorted(payload, key=lambda r: r["name"]), indent=1) + "\n")
     print(f"-> {args.out}")
 
 
