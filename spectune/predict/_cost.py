@@ -74,7 +74,8 @@ from spectune.predict._measured import effective_k
 if TYPE_CHECKING:
     pass
 
-__all__ = ["COST_PRIORS", "PRIOR_OVERHEAD_HIGH", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model", "gauge_weight"]
+__all__ = ["COST_PRIORS", "PRIOR_OVERHEAD_HIGH", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model",
+           "gauge_weight"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -100,10 +101,10 @@ PRIOR_OVERHEAD_HIGH = 1.0
 """The most a speculative step's fixed work (proposing, rejection sampling, the scheduler's and
 the sampler's bookkeeping) is believed to cost, relative to a step of the target alone, before
 the study has measured the proposer: about nothing against a large model's step on a GPU, up to
-a whole step against a small model's on a CPU (where the recorded landscapes' model-free
-configurations measured up to 3.2x the baseline's time per step, against at most 1.6x from the
-prior's ``c`` alone). It widens only the dear end of the prior's interval: the estimate and the
-cheap end, which decide what the search measures, keep no overhead."""
+a whole step against a small model's on a CPU (the cost fits of the recorded landscapes, in
+``benchmarks/RESULTS.md``, put the model-free overhead of the tiny models at up to 0.7 of a step).
+It widens only the dear end of the prior's interval: the estimate and the cheap end, which decide
+what the search measures, keep no overhead."""
 
 REL_NOISE = 0.02
 """Relative noise of one measured TPOT (as :data:`spectune.results.NOISE_FLOOR`)."""

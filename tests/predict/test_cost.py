@@ -10,7 +10,6 @@ from synthetic import (
 )
 
 from spectune.config import Method, SpecConfig
-from spectune.predict._cost import PRIOR_SPREAD
 from spectune.measurement import (
     LevelStats,
 )
@@ -25,6 +24,7 @@ from spectune.predict import (
     gauge_weight,
     leviathan_expected_tokens,
 )
+from spectune.predict._cost import PRIOR_SPREAD
 
 
 def test_cost_model_recovers_c() -> None:
