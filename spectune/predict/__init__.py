@@ -25,6 +25,7 @@ from spectune.predict._concurrency import (
 )
 from spectune.predict._cost import (
     COST_PRIORS,
+    PRIOR_ENGINE_SPREAD,
     PRIOR_OVERHEAD_HIGH,
     CostModel,
     Estimate,
@@ -82,6 +83,7 @@ __all__ = [
     "FigureError",
     "PredictionErrors",
     "COST_PRIORS",
+    "PRIOR_ENGINE_SPREAD",
     "PRIOR_OVERHEAD_HIGH",
     "DEFAULT_MARGIN",
     "DRAFT_REPLAY_SPREAD",

@@ -37,10 +37,14 @@ on the steadier Xeon of the default landscape).
 falling back to the method with other models) by least squares over its measured trials, with
 ``E`` and ``d`` from each trial's own counters; its interval spans the per-trial estimates of
 ``c`` widened by each trial's measured noise (the spread of its windows, at least
-:data:`REL_NOISE`). A model-free proposer (n-gram lookup, suffix decoding) whose method has no
-trials yet takes the fit over the other model-free methods' trials (``fit-model-free``): neither
-runs a model, so what a drafted token costs is the target's verification of it, the same for
-both, and one measured suffix configuration tells more about n-gram's cost than the prior does.
+:data:`REL_NOISE`); a fit resting on one configuration measured on one engine at least by how
+much the study's engine starts differ (:data:`PRIOR_ENGINE_SPREAD` until it measured some
+configuration twice): one slow engine start would otherwise price every other setting of its
+proposer, and of the other model-free methods, as slow as itself. A model-free proposer (n-gram
+lookup, suffix decoding) whose method has no trials yet takes the fit over the other model-free
+methods' trials (``fit-model-free``): neither runs a model, so what a drafted token costs is
+the target's verification of it, the same for both, and one measured suffix configuration tells
+more about n-gram's cost than the prior does.
 A proposer never measured otherwise gets the prior :data:`COST_PRIORS`, with the interval
 ``[c/3, 3c]`` and, at the interval's dear end, a fixed overhead of up to
 :data:`PRIOR_OVERHEAD_HIGH`: the prior's ``c`` is what a drafted token costs a large model on a
@@ -74,7 +78,7 @@ from spectune.predict._measured import effective_k
 if TYPE_CHECKING:
     pass
 
-__all__ = ["COST_PRIORS", "PRIOR_OVERHEAD_HIGH", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model",
+__all__ = ["COST_PRIORS", "PRIOR_ENGINE_SPREAD", "PRIOR_OVERHEAD_HIGH", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model",
            "gauge_weight"]
 
 COST_PRIORS: Mapping[Method, float] = {
@@ -108,6 +112,14 @@ what the search measures, keep no overhead."""
 
 REL_NOISE = 0.02
 """Relative noise of one measured TPOT (as :data:`spectune.results.NOISE_FLOOR`)."""
+
+PRIOR_ENGINE_SPREAD = 0.10
+"""How much two engine starts of one configuration are believed to differ (relative standard
+deviation) before the study has measured a configuration on two engines
+(:func:`spectune.results.engine_spread`): the pooled spread of the recorded landscapes with
+repeated starts lies between 4 and 16 % (half their noise bands, ``benchmarks/results/landscapes.json``).
+It widens a cost fitted on one configuration measured on one engine (:func:`fit_cost`), whose
+windows alone tell nothing of how fast its engine ran."""
 
 
 def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
@@ -209,7 +221,8 @@ def per_configuration(points: Sequence[CostPoint]) -> list[CostPoint]:
     return out
 
 
-def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit", weight: float = 1.0) -> ProposerCost:
+def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit", weight: float = 1.0,
+             engine_noise: float = 0.0) -> ProposerCost:
     """Least squares of ``TPOT E / t0 - 1 = overhead + c d`` over ``points`` (all of one proposer,
     or of one method; each brought to its proposer's typical engine, :func:`at_typical_speed`, by
     its speed to the power ``weight``; a
@@ -220,7 +233,10 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit", 
     proposing and rejection sampling, whatever it drafts), with ``c >= 0``: where the slope falls,
     ``c = 0`` and the overhead is the mean of ``y``; otherwise the overhead is 0 and
     ``c = sum(d y) / sum(d d)``. The interval of ``c`` spans the per-point estimates
-    ``(y - overhead) / d``, each widened by its noise (at least :data:`REL_NOISE`).
+    ``(y - overhead) / d``, each widened by its noise (at least :data:`REL_NOISE`). A fit on a
+    single point, one configuration on one engine, is widened by at least ``engine_noise`` (how
+    much engine starts differ, :func:`fit_cost_model`): its cost may be its engine's speed, and
+    with nothing else measured the fit would price every other setting of the proposer by it.
 
     Raises:
         ValueError: no points, or ``t0 <= 0``.
@@ -229,6 +245,7 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit", 
         raise ValueError("no measured trials to fit c on")
     if t0_ms <= 0:
         raise ValueError(f"baseline TPOT must be > 0, got {t0_ms}")
+    alone = engine_noise if len(points) == 1 else 0.0
     points = per_configuration(at_typical_speed(points, weight))
     ds = [p.d for p in points]
     ys = [p.tpot_ms * p.tokens_per_step / t0_ms - 1.0 for p in points]
@@ -242,7 +259,7 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit", 
         # noise) is a flat cost, the overhead alone
         c, overhead = (slope, my - slope * md) if slope >= 0.0 else (0.0, my)
     each = [(y - overhead) / d for d, y in zip(ds, ys, strict=True)]
-    widen = [max(REL_NOISE, p.noise) * p.tpot_ms * p.tokens_per_step / t0_ms / p.d for p in points]
+    widen = [max(REL_NOISE, p.noise, alone) * p.tpot_ms * p.tokens_per_step / t0_ms / p.d for p in points]
     low = min(min(e - w for e, w in zip(each, widen, strict=True)), c)
     high = max(max(e + w for e, w in zip(each, widen, strict=True)), c)
     return ProposerCost(c=c, low=low, high=high, n=len(points), source=source, overhead=overhead)
@@ -325,10 +342,13 @@ def fit_cost_model(
     points: Iterable[CostPoint],
     *,
     priors: Mapping[Method, float] = COST_PRIORS,
+    engine_spread: float | None = None,
 ) -> CostModel:
     """Fit ``c`` per proposer and per method on measured trials (``points``) of one study, each
     brought to its proposer's typical engine as far as the study's trials show the gauge tells
-    (:func:`gauge_weight`).
+    (:func:`gauge_weight`). ``engine_spread``: how much the study's engine starts of one
+    configuration differ (:func:`spectune.results.engine_spread`), None before it measured any
+    twice (then :data:`PRIOR_ENGINE_SPREAD`); it widens fits that rest on one engine start.
 
     Raises:
         ValueError: ``t0 <= 0`` or ``baseline_throughput <= 0``.
@@ -344,9 +364,10 @@ def fit_cost_model(
     for p in brought_to_speed(pts, speeds, model.gauge_weight):  # each brought to its proposer's typical engine
         by_proposer.setdefault((p.method, p.model), []).append(p)
         by_method.setdefault(p.method, []).append(p)
-    model.proposers = {key: fit_cost(t0_ms, group, weight=0.0) for key, group in by_proposer.items()}
-    model.methods = {key: fit_cost(t0_ms, group, weight=0.0) for key, group in by_method.items()}
+    noise = PRIOR_ENGINE_SPREAD if engine_spread is None else engine_spread
+    model.proposers = {key: fit_cost(t0_ms, group, weight=0.0, engine_noise=noise) for key, group in by_proposer.items()}
+    model.methods = {key: fit_cost(t0_ms, group, weight=0.0, engine_noise=noise) for key, group in by_method.items()}
     if text := [p for key, group in by_method.items() if key.drafts_from_text for p in group]:
-        model.model_free = fit_cost(t0_ms, text, weight=0.0)
+        model.model_free = fit_cost(t0_ms, text, weight=0.0, engine_noise=noise)
     return model
 

@@ -240,6 +240,7 @@ def predict_candidates(
     learned: LearnedAcceptance | None = None,
     features: Mapping[str, float] | None = None,
     drafts: DraftReplays | None = None,
+    engine_spread: float | None = None,
 ) -> list[Prediction]:
     """Predict each of ``candidates`` from the baseline and the measured trials; best first.
 
@@ -249,7 +250,9 @@ def predict_candidates(
     ``measured`` are the study's speculative measurements (the cost model is fitted on them and
     truncation reads them). Baseline candidates are skipped. ``learned`` (with the study's
     workload ``features``) answers for proposers that neither replay nor the study's own
-    trials cover, before the priors.
+    trials cover, before the priors. ``engine_spread``: how much the study's engine starts of one
+    configuration differ (:func:`spectune.results.engine_spread`; None: not measured yet), which
+    widens a cost fitted on one engine start (:func:`~spectune.predict.fit_cost_model`).
 
     Raises:
         ConfigError: the baseline has no TPOT or throughput, or the objective is unknown.
@@ -260,9 +263,11 @@ def predict_candidates(
     # TPOT from a cost model fitted on TPOT; throughput (and a throughput objective) from one
     # fitted on throughput, which also carries what speculation does to the prefill's share
     cost = fit_cost_model(t0, baseline.output_throughput,
-                          [p for m in measured if (p := CostPoint.from_measurement(m)) is not None])
+                          [p for m in measured if (p := CostPoint.from_measurement(m)) is not None],
+                          engine_spread=engine_spread)
     cost_thr = fit_cost_model(t0, baseline.output_throughput, [
-        p for m in measured if (p := CostPoint.from_measurement(m, throughput_of=baseline)) is not None])
+        p for m in measured if (p := CostPoint.from_measurement(m, throughput_of=baseline)) is not None],
+        engine_spread=engine_spread)
     base_value, scale = _objective_scaler(objective, baseline)
     replays: dict[str, ReplayAcceptance | None] = {}
     drafts = drafts if drafts is not None else DraftReplays()
@@ -305,12 +310,15 @@ class StudyInputs:
     learned: LearnedAcceptance | None
     drafts: DraftReplays = field(default_factory=DraftReplays)
     """The draft models' offline runs, kept by whoever predicts again and again (guided search)."""
+    engine_spread: float | None = None
+    """How much the study's engine starts of one configuration differ (None: none measured twice)."""
 
     def predict(self, candidates: Sequence[SpecConfig] | None = None) -> list[Prediction]:
         """Predictions of ``candidates`` (default: every unmeasured one), best first."""
         return predict_candidates(self.candidates if candidates is None else candidates, self.baseline,
                                   self.measured, objective=self.objective, maximize=self.maximize,
-                                  learned=self.learned, features=self.features, drafts=self.drafts)
+                                  learned=self.learned, features=self.features, drafts=self.drafts,
+                                  engine_spread=self.engine_spread)
 
     def errors(self) -> PredictionErrors | None:
         """How far predictions miss on this study's own model, workload and machine: each measured
@@ -327,7 +335,7 @@ class StudyInputs:
             truth = measured_prediction(engines, self.objective)
             predicted = predict_candidates([engines[0].spec], self.baseline, others, objective=self.objective,
                                            maximize=self.maximize, learned=self.learned, features=self.features,
-                                           drafts=self.drafts)
+                                           drafts=self.drafts, engine_spread=self.engine_spread)
             if truth is not None and predicted:
                 rows.append((engines[0].spec.label(), predicted[0], truth))
         return summarize_errors(self.objective, rows)

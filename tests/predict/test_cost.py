@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -14,6 +15,7 @@ from spectune.measurement import (
     LevelStats,
 )
 from spectune.predict import (
+    PRIOR_ENGINE_SPREAD,
     PRIOR_OVERHEAD_HIGH,
     CostPoint,
     Estimate,
@@ -90,6 +92,35 @@ def test_the_priors_dear_end_allows_a_fixed_step_overhead_that_its_estimate_does
     fitted = measured.cost(spec)
     assert fitted.source == "fit" and fitted.overhead_high is None
     assert measured.predict_tpot(spec, tokens, d).high == pytest.approx(t0 * (1 + fitted.high * d) / 2.0)
+
+
+def test_a_cost_fitted_on_one_engine_start_is_as_uncertain_as_engines_differ() -> None:
+    # one suffix configuration measured on one engine, its windows steady (1 %): that engine may
+    # have run slow, and its fit prices every other suffix and n-gram configuration
+    t0, d, e = 10.0, 3.0, 2.5
+    s8 = CostPoint(Method.SUFFIX, None, 8, t0 * (1 + 0.1 * d) / e, e, "s8", drafted=d, noise=0.01)
+    spec, tokens = SpecConfig(method=Method.NGRAM, num_speculative_tokens=4), Estimate(e, e, e)
+
+    def relative_interval(model):
+        tpot = model.predict_tpot(spec, tokens, d)
+        return tpot.low / tpot.value, tpot.high / tpot.value
+
+    unknown = fit_cost_model(t0, 100.0, [s8])  # no configuration measured twice yet: the prior spread
+    low, high = relative_interval(unknown)
+    assert unknown.cost(spec).source == "fit-model-free"
+    assert low == pytest.approx(1 - PRIOR_ENGINE_SPREAD) and high == pytest.approx(1 + PRIOR_ENGINE_SPREAD)
+    steady = fit_cost_model(t0, 100.0, [s8], engine_spread=0.03)  # the study measured its engines alike
+    assert relative_interval(steady) == pytest.approx((0.97, 1.03))
+    # alike to the digit: the noise of one measurement (REL_NOISE, 2 %) still holds
+    assert relative_interval(fit_cost_model(t0, 100.0, [s8], engine_spread=0.0)) == pytest.approx((0.98, 1.02))
+    # measured on two engines, the configuration carries their own spread, not the prior's
+    again = dataclasses.replace(s8, tpot_ms=s8.tpot_ms * 1.02)
+    low, high = relative_interval(fit_cost_model(t0, 100.0, [s8, again]))
+    assert low == pytest.approx(0.98) and high == pytest.approx(1.02)
+    # two configurations: the fit's interval spans what they measured, no floor of its own
+    s4 = CostPoint(Method.SUFFIX, None, 4, t0 * (1 + 0.1 * 2.0) / 2.0, 2.0, "s4", drafted=2.0, noise=0.01)
+    low, high = relative_interval(fit_cost_model(t0, 100.0, [s8, s4]))
+    assert high - low < PRIOR_ENGINE_SPREAD
 
 
 def test_a_cost_that_does_not_grow_with_drafted_tokens_is_a_flat_overhead() -> None:
