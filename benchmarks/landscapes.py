@@ -23,6 +23,7 @@ settings for all:
 
 Writes ``benchmarks/results/landscapes.json``: a list with one object per landscape (``name``,
 ``workload``, ``concurrency``, ``candidates``, ``grid_ratio``, ``random_ratio``, ``tpe_ratio``,
+``noise_band``, ``grid_ratio_band``, ``random_ratio_band``, ``tpe_ratio_band``,
 ``acceptance_error_median``, ``acceptance_error_max``, ``throughput_error``, ``same_pick_rate``,
 ``baseline_pick_rate``, ``prior_interval_hit_rate``, ``prior_interval_coverage``, and what these
 rest on)::
@@ -64,17 +65,6 @@ def _result_path(name: str) -> Path:
     return RESULTS / ("search_efficiency.json" if name == "tiny" else f"search_efficiency_{name}.json")
 
 
-def _noise_band(landscape: Landscape, objective: str) -> float:
-    """Twice the pooled relative spread of one engine start around its candidate's mean, at least 2 %."""
-    dev = []
-    for starts in landscape.engines().values():
-        values = [v for p in starts if (v := landscape.value(p, objective)) is not None]
-        if len(values) > 1:
-            mean = statistics.fmean(values)
-            dev += [(v / mean - 1.0) ** 2 for v in values]
-    return max(0.02, 2.0 * math.sqrt(statistics.fmean(dev))) if dev else 0.02
-
-
 def _noisy_measurer(landscape: Landscape, seed: int):  # noqa: ANN202
     """Answers each call with an engine start of its candidate drawn at random (seeded)."""
     from spectune.errors import EngineError
@@ -100,7 +90,7 @@ def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
     sign = 1.0 if objective.maximize else -1.0
     means = landscape.means(objective.value)
     best = max(means, key=lambda k: sign * means[k])
-    band = _noise_band(landscape, objective.value)
+    band = landscape.noise_band(objective.value)
     base = means.get("none")
     decided = base is not None and sign * (means[best] / base - 1.0) > band
     chosen: list[str] = []
@@ -169,6 +159,9 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "candidates": result["candidates"], "engine_starts_per_candidate": result["engine_starts_per_candidate"],
         "grid_ratio": result["grid_engine_seconds_ratio"], "random_ratio": result["random_engine_seconds_ratio"],
         "tpe_ratio": result["tpe_engine_seconds_ratio"],
+        "noise_band": result["noise_band"], "grid_ratio_band": result["grid_engine_seconds_ratio_band"],
+        "random_ratio_band": result["random_engine_seconds_ratio_band"],
+        "tpe_ratio_band": result["tpe_engine_seconds_ratio_band"],
         "acceptance_error_median": statistics.median(accept) if accept else None,
         "acceptance_error_max": max(accept) if accept else None,
         "throughput_error": result["throughput_error"],
@@ -203,7 +196,8 @@ def main() -> None:
         here = _models_here(landscape)
         rows.append(row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds)))
         r = rows[-1]
-        print(f"{name}: grid {r['grid_ratio']}, random {r['random_ratio']}, tpe {r['tpe_ratio']}, acceptance "
+        print(f"{name}: grid {r['grid_ratio']}, random {r['random_ratio']}, tpe {r['tpe_ratio']} (within "
+              f"{r['noise_band']:.1%}: {r['grid_ratio_band']}, {r['random_ratio_band']}, {r['tpe_ratio_band']}), acceptance "
               f"{r['acceptance_error_median']} / {r['acceptance_error_max']}, throughput {r['throughput_error']:.3f}, "
               f"same pick {r['same_pick_rate']:.2f}, baseline pick {r['baseline_pick_rate']}, "
               f"first speculative trial inside the prior's interval {r['prior_interval_hit_rate']}, candidates "

@@ -30,7 +30,8 @@ this machine would replay it), and compare:
 - grid search in the space's order, and random search and TPE with ``--seeds`` seeds each;
 
 by the engine seconds spent until a configuration within ``--tolerance`` (2%) of the landscape's
-best was measured (guided search is deterministic: its seeds only seed Optuna's fallback
+best was measured (and until one within the landscape's noise band of it,
+:meth:`~spectune.landscape.Landscape.noise_band`, the ``_band`` ratios) (guided search is deterministic: its seeds only seed Optuna's fallback
 sampler), and by the *regret* of the configuration each study finally chooses
 (:meth:`spectune.results.StudyView.best`): how far below the best its value is. A candidate's
 value is its mean over its recorded engine starts, so that on a landscape with several starts
@@ -381,6 +382,8 @@ def evaluate(args: argparse.Namespace) -> None:
     best_label = max(values, key=lambda k: sign * values[k])
     best = values[best_label]
     good = {k for k, v in values.items() if sign * (v - best) >= -args.tolerance * abs(best)}
+    band = landscape.noise_band(objective.value, floor=args.tolerance)
+    near = {k for k, v in values.items() if sign * (v - best) >= -band * abs(best)}  # within the noise band
     first = list(landscape.by_key().values())
     total = sum(p.engine_seconds for p in first)  # one engine start per candidate: the grid
     n = len(first)
@@ -395,13 +398,18 @@ def evaluate(args: argparse.Namespace) -> None:
                 "random": [_strategy(landscape, work, "random", s, n, objective.value) for s in seeds],
                 "tpe": [_strategy(landscape, work, "tpe", s, n, objective.value) for s in seeds]}
     mean: dict[str, float | None] = {}  # None: some run never got there (null in the JSON)
+    mean_band: dict[str, float | None] = {}
     for name, traces in runs.items():
         reach = [_seconds_to_reach(t, good) for t in traces]
         mean[name] = None if None in reach else statistics.fmean(r for r in reach if r is not None)
+        reach_band = [_seconds_to_reach(t, near) for t in traces]
+        mean_band[name] = None if None in reach_band else statistics.fmean(r for r in reach_band if r is not None)
         regret = [max(0.0, sign * (best - values[t["chosen"]]) / abs(best)) for t in traces]
         results[name] = {
             "seconds_to_reach": reach,
             "mean_seconds_to_reach": mean[name],
+            "seconds_to_reach_band": reach_band,
+            "mean_seconds_to_reach_band": mean_band[name],
             "trials_to_reach": [next((i + 1 for i, lb in enumerate(t["measured"]) if lb in good), None) for t in traces],
             "measured": [len(t["measured"]) for t in traces],
             "total_seconds": [round(sum(t["seconds"]), 1) for t in traces],
@@ -411,8 +419,8 @@ def evaluate(args: argparse.Namespace) -> None:
             "mean_regret": statistics.fmean(regret),
         }
 
-    def ratio(other: str) -> float | None:  # null where a run of either never got there
-        g, o = mean["guided"], mean[other]
+    def ratio(other: str, means: dict[str, float | None] = mean) -> float | None:  # null: a run never got there
+        g, o = means["guided"], means[other]
         return g / o if g is not None and o else None
 
     errors = _prediction_errors(landscape, objective.value)
@@ -432,6 +440,11 @@ def evaluate(args: argparse.Namespace) -> None:
         "grid_engine_seconds_ratio": ratio("grid"),
         "random_engine_seconds_ratio": ratio("random"),
         "tpe_engine_seconds_ratio": ratio("tpe"),
+        "noise_band": band,
+        "within_noise_band": sorted(near),
+        "grid_engine_seconds_ratio_band": ratio("grid", mean_band),
+        "random_engine_seconds_ratio_band": ratio("random", mean_band),
+        "tpe_engine_seconds_ratio_band": ratio("tpe", mean_band),
         "guided_stop_seconds_ratio": statistics.fmean(results["guided"]["total_seconds"]) / total,
         "guided_confirm_stop_seconds_ratio": statistics.fmean(results["guided_confirm"]["total_seconds"]) / total,
         "acceptance_length_error": statistics.fmean(e["error"] for e in errors["acceptance_length"]),
@@ -465,7 +478,10 @@ def evaluate(args: argparse.Namespace) -> None:
                  if (c := sp["next_start_correlation"]) is not None else ""))
     print("cost of a speculative step, relative to the target's (first starts): " + ", ".join(
         f"{k} {v['overhead']:.2f} + {v['c']:.3f} per drafted token" for k, v in out["cost_fit"].items()))
+    print(f"the landscape's noise band (twice one engine start's spread around its candidate's mean): {band:.1%}, "
+          f"{len(near)} configurations within it of the best")
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
+                "grid_engine_seconds_ratio_band", "random_engine_seconds_ratio_band", "tpe_engine_seconds_ratio_band",
                 "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
                 "throughput_error", "throughput_error_first_engine"):
         print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (a run never came within tolerance)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -176,6 +177,19 @@ class Landscape(StrictModel):
             if values:
                 out[starts[0].label] = statistics.fmean(values)
         return out
+
+    def noise_band(self, objective: str, *, floor: float = 0.02) -> float:
+        """How far two candidates' means may lie apart and still be told apart by nothing but
+        engine starts: twice the pooled relative spread of one engine start around its candidate's
+        mean (over the candidates with several measured starts), at least ``floor`` (the noise of
+        one measurement; ``floor`` alone for a landscape of one start per candidate)."""
+        dev = []
+        for starts in self.engines().values():
+            values = [v for p in starts if (v := self.value(p, objective)) is not None]
+            if len(values) > 1:
+                mean = statistics.fmean(values)
+                dev += [(v / mean - 1.0) ** 2 for v in values]
+        return max(floor, 2.0 * math.sqrt(statistics.fmean(dev))) if dev else floor
 
     def value(self, point: LandscapePoint, objective: str) -> float | None:
         """The point's measured value of ``objective`` (None for an engine failure)."""

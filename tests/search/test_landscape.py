@@ -28,7 +28,7 @@ def test_the_landscape_is_a_real_recording_of_every_candidate(landscape: Landsca
         assert (m.acceptance is None) == (p.spec.get("method", "none") == "none")
 
 
-def test_a_landscape_with_several_engine_starts_replays_them_in_turn(landscape: Landscape) -> None:
+def test_a_landscape_with_several_engine_starts_replays_them_in_turn_and_knows_their_spread(landscape: Landscape) -> None:
     from spectune.errors import ConfigError
 
     two = Landscape.combine([landscape, slower(landscape, 0.5)])
@@ -42,6 +42,10 @@ def test_a_landscape_with_several_engine_starts_replays_them_in_turn(landscape: 
     got = [measure(None, spec).output_throughput for _ in range(3)]
     assert got == pytest.approx([first, first * 0.5, first])
     assert [label for label, _ in spent] == ["suffix k=8"] * 3
+    # each candidate's two starts lie a third either side of its mean: a band of twice that
+    assert two.noise_band("output_throughput") == pytest.approx(2 / 3)
+    assert landscape.noise_band("output_throughput") == 0.02  # one start each: the floor alone
+    assert landscape.noise_band("output_throughput", floor=0.05) == 0.05
     other = landscape.model_copy(update={"study_config": {**landscape.study_config,
                                                           "workload": {"source": "mtbench"}}})
     with pytest.raises(ConfigError, match="their workload differ"):
