@@ -1,5 +1,6 @@
-"""vLLM's speculative-decoding counters, read from Prometheus text, as acceptance figures; and
-its KV cache's gauges (size, usage).
+"""vLLM's speculative-decoding counters, read from Prometheus text, as acceptance figures; the
+engine core's own timing of the requests (prefill, time per output token); and its KV cache's
+gauges (size, usage).
 
 Counters are cumulative over the server's life: read them before and after the measured
 window and take the difference (:meth:`SpecCounters.__sub__`).
@@ -14,26 +15,36 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spectune.errors import EngineError
 
-__all__ = ["Acceptance", "KVCache", "SpecCounters", "fetch_counters", "fetch_metrics", "parse_counters", "parse_kv_cache"]
+__all__ = ["Acceptance", "EngineTiming", "KVCache", "SpecCounters", "fetch_counters", "fetch_metrics", "parse_counters", "parse_kv_cache"]
 
 _DRAFTS = "vllm:spec_decode_num_drafts"
 _DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 _GENERATED = "vllm:generation_tokens"
+_PREFILL_TIME = "vllm:request_prefill_time_seconds"
+_TPOT_TIME = "vllm:request_time_per_output_token_seconds"
 _CACHE_INFO = "vllm:cache_config_info"
 _KV_USAGE = "vllm:kv_cache_usage_perc"
 
 
 @dataclass(frozen=True)
 class SpecCounters:
-    """Raw counter values (summed over engines): drafts, draft and accepted tokens, per position."""
+    """Raw counter values (summed over engines): drafts, draft and accepted tokens, per position;
+    and the sums and counts of the engine core's per-request timing histograms."""
 
     num_drafts: float = 0.0
     num_draft_tokens: float = 0.0
     num_accepted_tokens: float = 0.0
     accepted_per_pos: tuple[float, ...] = ()
     generation_tokens: float = 0.0
+    prefill_seconds: float = 0.0
+    """Sum of ``vllm:request_prefill_time_seconds``: from a request's scheduling to its first token."""
+    prefills: float = 0.0
+    tpot_seconds: float = 0.0
+    """Sum of ``vllm:request_time_per_output_token_seconds``: each request's decode time over its
+    output tokens but the first."""
+    tpot_requests: float = 0.0
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
         n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
@@ -45,6 +56,21 @@ class SpecCounters:
             num_accepted_tokens=self.num_accepted_tokens - before.num_accepted_tokens,
             accepted_per_pos=tuple(x - y for x, y in zip(a, b, strict=True)),
             generation_tokens=self.generation_tokens - before.generation_tokens,
+            prefill_seconds=self.prefill_seconds - before.prefill_seconds,
+            prefills=self.prefills - before.prefills,
+            tpot_seconds=self.tpot_seconds - before.tpot_seconds,
+            tpot_requests=self.tpot_requests - before.tpot_requests,
+        )
+
+    def timing(self) -> EngineTiming | None:
+        """The engine core's mean prefill and time per output token over the requests that
+        finished in the window; None when its histograms counted none (an engine without them)."""
+        if self.prefills <= 0 and self.tpot_requests <= 0:
+            return None
+        return EngineTiming(
+            requests=int(max(self.prefills, self.tpot_requests)),
+            prefill_ms=1000.0 * self.prefill_seconds / self.prefills if self.prefills > 0 else None,
+            tpot_ms=1000.0 * self.tpot_seconds / self.tpot_requests if self.tpot_requests > 0 else None,
         )
 
     def acceptance(self) -> Acceptance | None:
@@ -77,12 +103,36 @@ class Acceptance:
     per_position: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class EngineTiming:
+    """How long the engine core itself took for the requests of a window, by its own monotonic
+    timestamps (vLLM's ``vllm:request_prefill_time_seconds`` and
+    ``vllm:request_time_per_output_token_seconds``): unlike what the client times, untouched by
+    how the API server delivers the tokens (on a host short of CPU it may send a request's tokens
+    in one burst at its end)."""
+
+    requests: int
+    prefill_ms: float | None
+    """Mean time from a request's scheduling to its first token."""
+    tpot_ms: float | None
+    """Mean over requests of their time per output token after the first."""
+
+
+_HISTOGRAMS = {f"{_PREFILL_TIME}_sum": "prefill_seconds", f"{_PREFILL_TIME}_count": "prefills",
+               f"{_TPOT_TIME}_sum": "tpot_seconds", f"{_TPOT_TIME}_count": "tpot_requests"}
+
+
 def parse_counters(text: str) -> SpecCounters:
-    """Sum vLLM's speculative counters out of Prometheus exposition text."""
+    """Sum vLLM's speculative counters, and its timing histograms' sums and counts, out of
+    Prometheus exposition text."""
     totals = {_DRAFTS: 0.0, _DRAFT_TOKENS: 0.0, _ACCEPTED: 0.0, _GENERATED: 0.0}
+    timing = dict.fromkeys(_HISTOGRAMS.values(), 0.0)
     per_pos: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if (field_name := _HISTOGRAMS.get(sample.name)) is not None:
+                timing[field_name] += sample.value
+                continue
             # match on sample names: counters end in _total (their _created twins are skipped),
             # whether or not the parser attached them to a typed family
             base = sample.name.removesuffix("_total")
@@ -100,6 +150,7 @@ def parse_counters(text: str) -> SpecCounters:
         num_accepted_tokens=totals[_ACCEPTED],
         accepted_per_pos=positions,
         generation_tokens=totals[_GENERATED],
+        **timing,
     )
 
 

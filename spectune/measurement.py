@@ -24,9 +24,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CPU_FEATURES",
+    "BURSTY_DELIVERY",
     "NOISE_FLOOR",
     "SLO",
     "AcceptanceStats",
+    "EngineTimingStats",
     "Hardware",
     "LatencyStats",
     "LevelStats",
@@ -99,6 +101,24 @@ class AcceptanceStats(BaseModel):
     acceptance_rate: float
     mean_acceptance_length: float
     per_position: list[float] = Field(description="P(first i+1 drafted tokens all accepted), i = 0..k-1")
+
+
+class EngineTimingStats(BaseModel):
+    """The engine core's own timing of the headline windows' requests (vLLM's
+    ``vllm:request_prefill_time_seconds`` and ``vllm:request_time_per_output_token_seconds``
+    histograms, by the engine core's monotonic timestamps): what the engine spent, whatever the
+    API server and the network then did to the tokens' delivery."""
+
+    requests: int = Field(description="Requests the histograms counted over the windows.")
+    prefill_ms: float | None = Field(description="Mean time from a request's scheduling to its first token.")
+    tpot_ms: float | None = Field(description="Mean over requests of their time per output token after the first.")
+
+
+BURSTY_DELIVERY = 0.5
+"""A trial's client timing is taken as bursty when the client's mean time per output token is
+below this share of the engine core's: its tokens reached the client in bunches (an API server
+short of CPU sends what has piled up at once), so the client's TTFT, TPOT and ITL are not the
+engine's, while throughput, which counts tokens over the window, still is."""
 
 
 class WindowStats(BaseModel):
@@ -175,6 +195,9 @@ class Measurement(BaseModel):
     itl_ms: LatencyStats
     e2el_ms: LatencyStats
     acceptance: AcceptanceStats | None
+    engine_timing: EngineTimingStats | None = Field(
+        default=None, description="The engine core's own timing of the windows' requests; None where vLLM "
+        "reports no such histograms.")
     peak_memory_bytes: int | None
     memory_kind: Literal["host_rss", "gpu"] = Field(
         default="host_rss", description="What peak_memory_bytes measures: the resident memory of the engine's "
@@ -192,6 +215,17 @@ class Measurement(BaseModel):
         description="A sweep's concurrency levels, the headline one (``concurrency``) included; "
         "empty without ``concurrency_levels``. Requests of the other levels are not in ``requests``.",
     )
+
+    @property
+    def bursty_delivery(self) -> bool | None:
+        """Whether the tokens reached the client in bunches (:data:`BURSTY_DELIVERY`): its
+        latency figures are then the delivery's, not the engine's. None without the engine's
+        timing or the client's TPOT."""
+        engine = self.engine_timing.tpot_ms if self.engine_timing is not None else None
+        client = self.tpot_ms.mean
+        if engine is None or engine <= 0 or client is None:
+            return None
+        return client < BURSTY_DELIVERY * engine
 
     def at_concurrency(self, concurrency: int) -> LevelStats | None:
         """The measured level ``concurrency`` of a sweep, or the headline one; None if not measured."""

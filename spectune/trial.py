@@ -16,7 +16,7 @@ from pathlib import Path
 
 from spectune._util import ProgressHook, every
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
-from spectune.counters import fetch_counters, fetch_metrics, parse_kv_cache
+from spectune.counters import SpecCounters, fetch_counters, fetch_metrics, parse_kv_cache
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer
 from spectune.errors import (
     ConfigError,
@@ -27,6 +27,7 @@ from spectune.errors import (
 from spectune.load import LoadResult, RequestRecord, run_load
 from spectune.measurement import (
     AcceptanceStats,
+    EngineTimingStats,
     LatencyStats,
     LevelStats,
     Measurement,
@@ -87,7 +88,8 @@ def _log_name(spec: SpecConfig) -> str:
 
 def summarize(
     results: Sequence[LoadResult], *, spec: SpecConfig, engine: EngineArgs, workload: WorkloadSpec,
-    engine_defaults: dict[str, str] | None = None, acceptance: AcceptanceStats | None, command: list[str], log_path: str | None,
+    engine_defaults: dict[str, str] | None = None, acceptance: AcceptanceStats | None,
+    engine_timing: EngineTimingStats | None = None, command: list[str], log_path: str | None,
     started_at: dt.datetime, startup_seconds: float, peak_memory_bytes: int | None,
     memory_kind: str = "host_rss", kv_cache_tokens: int | None = None, kv_cache_peak_usage: float | None = None,
 ) -> Measurement:
@@ -114,7 +116,7 @@ def summarize(
         tpot_ms=LatencyStats.of([t for r in ok if (t := r.tpot) is not None]),
         itl_ms=LatencyStats.of([x for r in ok for x in r.itl]),
         e2el_ms=LatencyStats.of([r.e2el for r in ok if r.e2el is not None]),
-        acceptance=acceptance, peak_memory_bytes=peak_memory_bytes, memory_kind=memory_kind,
+        acceptance=acceptance, engine_timing=engine_timing, peak_memory_bytes=peak_memory_bytes, memory_kind=memory_kind,
         kv_cache_tokens=kv_cache_tokens, kv_cache_peak_usage=kv_cache_peak_usage,
         versions=versions(), hardware=hardware(engine.env.get("CUDA_VISIBLE_DEVICES")), windows=windows,
         requests=[request_sample(r) for r in records],
@@ -162,7 +164,7 @@ def measure(
         run = _Run(server, workload, hook, window_timeout, len(prompts))
         try:
             run.warm_up()
-            results, acc = run.windows(windows)
+            results, counters = run.windows(windows)
             levels = run.sweep(sweep)
         except TimeoutError as e:
             raise EngineTimeoutError(
@@ -177,12 +179,18 @@ def measure(
             raise _crashed(server)
         m = summarize(
             results, spec=spec, engine=server.args, engine_defaults=server.defaults,
-            workload=workload, acceptance=acc,
+            workload=workload, acceptance=AcceptanceStats(**vars(acc)) if (acc := counters.acceptance()) else None,
+            engine_timing=EngineTimingStats(**vars(t)) if (t := counters.timing()) else None,
             command=server.command, log_path=str(log_path), started_at=started_at,
             startup_seconds=server.startup_seconds or 0.0,
             peak_memory_bytes=server.peak_memory_bytes(), memory_kind=server.memory_kind,
             kv_cache_tokens=run.kv.tokens, kv_cache_peak_usage=run.kv.peak,
         )
+        if m.bursty_delivery:
+            _logger.warning(
+                "%s: its tokens reached the client in bursts (client TPOT %.3g ms, the engine core's %.3g ms): "
+                "its TTFT, TPOT and ITL are the delivery's, not the engine's; its throughput holds",
+                spec.label(), m.tpot_ms.mean, m.engine_timing.tpot_ms)  # type: ignore[union-attr]
         if sweep:
             headline = m.at_concurrency(m.concurrency)
             assert headline is not None
@@ -220,8 +228,8 @@ class _Run:
             self.hook("warmup", 0, len(warm))
             run_load(self.server.base_url, self.model, warm, self.workload, concurrency=1, timeout=self.timeout)
 
-    def windows(self, windows: Sequence[Sequence[Prompt]]) -> tuple[list[LoadResult], AcceptanceStats | None]:
-        """The headline windows and the acceptance the engine's counters say over them.
+    def windows(self, windows: Sequence[Sequence[Prompt]]) -> tuple[list[LoadResult], SpecCounters]:
+        """The headline windows and the engine's counters over them (acceptance, its own timing).
 
         Raises:
             EngineError: every request failed (the engine crashed, or refuses them).
@@ -235,8 +243,7 @@ class _Run:
                 f"all {sum(map(len, windows))} requests failed; first: {results[0].records[0].error}",
                 log_tail=self.server.log_tail(), log_path=str(self.server.log_path),
             )
-        acc = (fetch_counters(self.server.base_url) - before).acceptance()
-        return results, AcceptanceStats(**vars(acc)) if acc else None
+        return results, fetch_counters(self.server.base_url) - before
 
     def sweep(self, sweep: dict[int, list[Prompt]]) -> list[LevelStats]:
         """Each other concurrency level of a sweep, on prompts and counters of its own."""

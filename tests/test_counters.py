@@ -76,3 +76,27 @@ def test_the_kv_cache_size_comes_from_the_cache_info_and_its_usage_from_the_gaug
     assert older.tokens == 1456 * 16
     assert parse_kv_cache(_cache_info(num_gpu_blocks="None")).tokens is None  # not profiled yet
     assert parse_kv_cache(_exposition(1, 1, 1, [1])).tokens is None
+
+
+def _timing(prefill: tuple[float, float], tpot: tuple[float, float]) -> str:
+    lines = []
+    for name, (total, count) in (("request_prefill_time_seconds", prefill),
+                                 ("request_time_per_output_token_seconds", tpot)):
+        lines += [f"# TYPE vllm:{name} histogram",
+                  f'vllm:{name}_bucket{{engine="0",le="0.05",model_name="m"}} {count / 2}',
+                  f'vllm:{name}_bucket{{engine="0",le="+Inf",model_name="m"}} {count}',
+                  f'vllm:{name}_count{{engine="0",model_name="m"}} {count}',
+                  f'vllm:{name}_sum{{engine="0",model_name="m"}} {total}']
+    return "\n".join(lines) + "\n"
+
+
+def test_the_engine_cores_timing_is_its_histograms_means_over_the_window() -> None:
+    before = parse_counters(_timing((0.4, 2), (0.05, 2)))  # the warm-up's requests
+    after = parse_counters(_exposition(100, 300, 180, [80, 60, 40]) + _timing((1.6, 8), (0.29, 8)))
+    assert after.num_drafts == 100  # the histograms do not disturb the counters
+    timing = (after - before).timing()
+    assert timing is not None and timing.requests == 6
+    assert timing.prefill_ms == pytest.approx(200.0) and timing.tpot_ms == pytest.approx(40.0)
+    # an engine without the histograms (or a window where none finished): no timing, not zeros
+    assert parse_counters(_exposition(100, 300, 180, [80])).timing() is None
+    assert (before - before).timing() is None

@@ -110,6 +110,11 @@ def test_measurement_is_complete_and_consistent(runs: dict[str, Measurement]) ->
     assert m.output_throughput == pytest.approx(m.output_tokens / m.duration_seconds)
     assert 0 < m.ttft_ms.median <= m.e2el_ms.median
     assert m.tpot_ms.count == 6 and m.tpot_ms.median > 0
+    # the engine core's own timing of the same six requests (not the warm-up's), by vLLM's histograms
+    t = m.engine_timing
+    assert t is not None and t.requests == 6
+    assert 0 < t.prefill_ms < m.e2el_ms.mean and 0 < t.tpot_ms < m.e2el_ms.mean
+    assert all(run.engine_timing is not None and run.engine_timing.requests == 6 for run in runs.values())
     assert m.peak_memory_bytes and m.peak_memory_bytes > 100 * 2**20
     assert m.startup_seconds > 0
     assert m.versions.vllm and m.versions.torch and m.versions.spectune == importlib.metadata.version("spectune")
