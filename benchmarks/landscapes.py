@@ -7,7 +7,12 @@ settings for all:
    written to ``benchmarks/results/search_efficiency_<name>.json`` (``search_efficiency.json`` for
    the default ``tiny``): the engine seconds guided search needs to measure a configuration within
    2 % of the best, against the grid, random search and TPE (``--seeds`` seeds each), and the
-   leave-one-out errors of acceptance length and throughput;
+   leave-one-out errors of acceptance length and throughput; and the same until a configuration
+   within the landscape's noise band of the best was measured (``noise_band``, below, where it
+   is wider than 2 %: configurations within it cannot be told from the best by the landscape's
+   own engine starts): ``grid_ratio_band``, and over random search and TPE in the median over
+   the seeds, as the goal asks (``random_median_ratio_band``, ``tpe_median_ratio_band``; 0 where
+   the other strategy's median never got there);
 2. decision quality: ``--decision-seeds`` guided studies, each answered by engine starts drawn at
    random from the landscape's recorded starts of each candidate (its measured noise), and what
    each would export: ``same_pick_rate`` is the share whose choice is the landscape's best or
@@ -23,13 +28,14 @@ settings for all:
 
 Writes ``benchmarks/results/landscapes.json``: a list with one object per landscape (``name``,
 ``workload``, ``concurrency``, ``candidates``, ``grid_ratio``, ``random_ratio``, ``tpe_ratio``,
-``noise_band``, ``grid_ratio_band``, ``random_ratio_band``, ``tpe_ratio_band``,
+``noise_band``, ``grid_ratio_band``, ``random_median_ratio_band``, ``tpe_median_ratio_band``,
 ``acceptance_error_median``, ``acceptance_error_max``, ``throughput_error``, ``same_pick_rate``,
 ``baseline_pick_rate``, ``prior_interval_hit_rate``, ``prior_interval_coverage``, and what these
 rest on)::
 
     .venv/bin/python benchmarks/landscapes.py            # make bench-landscapes
     .venv/bin/python benchmarks/landscapes.py --landscape tiny_epyc --decision-seeds 20
+    .venv/bin/python benchmarks/landscapes.py --markdown   # the table of landscapes.json, as RESULTS.md shows it
 
 With ``--landscape``, the rows of the landscapes named replace theirs in ``--out`` and the others
 are kept, each with its own ``evaluated_at``.
@@ -143,13 +149,26 @@ def _first_speculative(study: Any) -> dict[str, Any] | None:
     return None
 
 
+def _median_ratio(result: dict[str, Any], other: str) -> float | None:
+    """Guided search's median engine seconds to within the noise band of the best over ``other``'s
+    (``evaluate``'s seeds; a seed that never got there counts as endless): below 1, guided search
+    needs less in the median. None where guided's median never got there; 0 where only ``other``'s did not."""
+    def median(name: str) -> float:
+        reach = result["strategies"][name]["seconds_to_reach_band"]
+        return statistics.median(math.inf if x is None else x for x in reach)
+
+    guided, rival = median("guided"), median(other)
+    return None if math.isinf(guided) else 0.0 if math.isinf(rival) else guided / rival
+
+
 def _dtype(landscape: Landscape) -> str | None:
     """The dtype the landscape's engines ran (the study's setting where no engine recorded one)."""
     ran = next((p.measurement.engine.dtype for p in landscape.points if p.measurement is not None), None)
     return ran or (landscape.study_config.get("engine") or {}).get("dtype")
 
 
-def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[str, Any]) -> dict[str, Any]:
+def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[str, Any],
+        coverage: float | None) -> dict[str, Any]:
     cfg = landscape.study_config
     wl = cfg.get("workload", {})
     accept = [e["error"] for e in result["prediction_errors"]["acceptance_length"]]
@@ -160,17 +179,64 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "grid_ratio": result["grid_engine_seconds_ratio"], "random_ratio": result["random_engine_seconds_ratio"],
         "tpe_ratio": result["tpe_engine_seconds_ratio"],
         "noise_band": result["noise_band"], "grid_ratio_band": result["grid_engine_seconds_ratio_band"],
-        "random_ratio_band": result["random_engine_seconds_ratio_band"],
-        "tpe_ratio_band": result["tpe_engine_seconds_ratio_band"],
+        "random_median_ratio_band": _median_ratio(result, "random"),
+        "tpe_median_ratio_band": _median_ratio(result, "tpe"),
         "acceptance_error_median": statistics.median(accept) if accept else None,
         "acceptance_error_max": max(accept) if accept else None,
         "throughput_error": result["throughput_error"],
         "same_pick_rate": quality["same_pick_rate"], "baseline_pick_rate": quality["baseline_pick_rate"],
         "prior_interval_hit_rate": quality["prior_interval_hit_rate"],
-        "prior_interval_coverage": prior_interval_coverage(landscape),
+        "prior_interval_coverage": coverage,
         "decision": quality, "dtype": _dtype(landscape),
         "machine": hw.model_dump() if hw is not None else None,
     }
+
+
+def _ratio(value: float | None, strategy: str, *, grid: float | None = None, goal: bool = False) -> str:
+    """A ratio guided / ``strategy``; None where a run of either never got there (the grid
+    always does: where guided / grid is None, ``grid``, guided search is the one that did not)."""
+    if value is None:
+        return "guided never got there" if strategy == "grid" or grid is None else f"a {strategy} seed never got there"
+    if value == 0.0 and strategy != "grid":
+        return f"{strategy}'s median never got there"
+    return f"**{value:.3f}**" if goal and value <= GOAL_RATIO else f"{value:.3f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}".replace("%", " %")
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+GOAL_RATIO = 0.15
+"""The issue's goal for guided / grid: at most this share of the grid's engine seconds."""
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table of ``rows`` (``landscapes.json``) as ``benchmarks/RESULTS.md`` shows it: guided /
+    grid to within 2 % of the best and to within the landscape's noise band (bold where at most
+    :data:`GOAL_RATIO`), guided / random and guided / TPE in the median over the seeds to within the
+    band, and the other figures."""
+    head = ("| landscape | dtype | workload | in flight | candidates | noise band | guided / grid, within 2 % "
+            "| guided / grid, within the band | guided / random, medians within the band "
+            "| guided / TPE, medians within the band "
+            "| acceptance length error (median / max) | throughput error | same pick | baseline pick "
+            "| first speculative trial inside the prior's interval | candidates inside the prior's interval |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            f"`{r['name']}`", str(r.get("dtype") or "-"), str(r["workload"]), str(r["concurrency"]),
+            str(r["candidates"]), f"+-{_pct(r['noise_band'])}", _ratio(r["grid_ratio"], "grid", goal=True),
+            _ratio(band := r["grid_ratio_band"], "grid", goal=True),
+            _ratio(r["random_median_ratio_band"], "random", grid=band),
+            _ratio(r["tpe_median_ratio_band"], "TPE", grid=band),
+            f"{_pct(r['acceptance_error_median'])} / {_pct(r['acceptance_error_max'])}", _pct(r["throughput_error"]),
+            _rate(r["same_pick_rate"]), _rate(r["baseline_pick_rate"]), _rate(r["prior_interval_hit_rate"]),
+            _rate(r["prior_interval_coverage"]),
+        ]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -178,11 +244,20 @@ def main() -> None:
     parser.add_argument("--landscape", action="append", help="names under benchmarks/landscapes (default: all)")
     parser.add_argument("--seeds", type=int, default=7, help="seeds of random search and TPE (and guided's fallback)")
     parser.add_argument("--decision-seeds", type=int, default=20)
-    parser.add_argument("--reuse", action="store_true", help="read the stored evaluate results instead of rerunning")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read the stored evaluate results, and the decision quality and prior coverage of the "
+                             "rows in --out, instead of rerunning them")
     parser.add_argument("--out", type=Path, default=RESULTS / "landscapes.json")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the table of --out as RESULTS.md shows it, and evaluate nothing")
     args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(args.out.read_text())), end="")
+        return
     names = args.landscape or sorted(p.stem for p in LANDSCAPES.glob("*.json") if p.stem not in SKIP)
-    rows = []
+    stored = {r["name"]: r for r in json.loads(args.out.read_text())} if args.out.exists() else {}
+    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    payload = []
     for name in names:
         path, out = LANDSCAPES / f"{name}.json", _result_path(name)
         if not args.reuse or not out.exists():
@@ -190,22 +265,27 @@ def main() -> None:
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "search_efficiency.py"), "evaluate", str(path),
                             "--seeds", str(args.seeds), "--out", str(out)], check=True, cwd=REPO)
         landscape = Landscape.load(path)
-        print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
         from search_efficiency import _models_here  # the same models as evaluate replays with
 
         here = _models_here(landscape)
-        rows.append(row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds)))
-        r = rows[-1]
+        if args.reuse and "decision" in (old := stored.get(name, {})):  # the stored replays of decision quality
+            r = {**row(name, here, json.loads(out.read_text()), old["decision"], old["prior_interval_coverage"]),
+                 **{k: old[k] for k in ("evaluated_at", "seeds", "decision_seeds")}}
+        else:
+            print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
+            r = {**row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds),
+                       prior_interval_coverage(here)),
+                 "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds}
+        payload.append(r)
         print(f"{name}: grid {r['grid_ratio']}, random {r['random_ratio']}, tpe {r['tpe_ratio']} (within "
-              f"{r['noise_band']:.1%}: {r['grid_ratio_band']}, {r['random_ratio_band']}, {r['tpe_ratio_band']}), acceptance "
+              f"{r['noise_band']:.1%}: grid {r['grid_ratio_band']}, random median {r['random_median_ratio_band']}, "
+              f"TPE median {r['tpe_median_ratio_band']}), acceptance "
               f"{r['acceptance_error_median']} / {r['acceptance_error_max']}, throughput {r['throughput_error']:.3f}, "
               f"same pick {r['same_pick_rate']:.2f}, baseline pick {r['baseline_pick_rate']}, "
               f"first speculative trial inside the prior's interval {r['prior_interval_hit_rate']}, candidates "
               f"inside it {r['prior_interval_coverage']}", flush=True)
-    when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    payload = [{**r, "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds} for r in rows]
-    if args.landscape and args.out.exists():  # some landscapes: their rows replace theirs, the others stay
-        payload += [r for r in json.loads(args.out.read_text()) if r["name"] not in names]
+    if args.landscape:  # some landscapes: their rows replace theirs, the others stay
+        payload += [r for name, r in stored.items() if name not in names]
     atomic_write_text(args.out, json.dumps(sorted(payload, key=lambda r: r["name"]), indent=1) + "\n")
     print(f"-> {args.out}")
 

@@ -78,8 +78,8 @@ from spectune.predict._measured import effective_k
 if TYPE_CHECKING:
     pass
 
-__all__ = ["COST_PRIORS", "PRIOR_ENGINE_SPREAD", "PRIOR_OVERHEAD_HIGH", "CostModel", "Estimate", "ProposerCost", "fit_cost", "fit_cost_model",
-           "gauge_weight"]
+__all__ = ["COST_PRIORS", "PRIOR_ENGINE_SPREAD", "PRIOR_OVERHEAD_HIGH", "CostModel", "Estimate", "ProposerCost",
+           "fit_cost", "fit_cost_model", "gauge_weight"]
 
 COST_PRIORS: Mapping[Method, float] = {
     # Model-free lookup: proposing is a string search on the CPU; c is the extra verification work.
@@ -365,7 +365,8 @@ def fit_cost_model(
         by_proposer.setdefault((p.method, p.model), []).append(p)
         by_method.setdefault(p.method, []).append(p)
     noise = PRIOR_ENGINE_SPREAD if engine_spread is None else engine_spread
-    model.proposers = {key: fit_cost(t0_ms, group, weight=0.0, engine_noise=noise) for key, group in by_proposer.items()}
+    model.proposers = {key: fit_cost(t0_ms, group, weight=0.0, engine_noise=noise)
+                       for key, group in by_proposer.items()}
     model.methods = {key: fit_cost(t0_ms, group, weight=0.0, engine_noise=noise) for key, group in by_method.items()}
     if text := [p for key, group in by_method.items() if key.drafts_from_text for p in group]:
         model.model_free = fit_cost(t0_ms, text, weight=0.0, engine_noise=noise)
