@@ -40,6 +40,7 @@ def headline(m: Measurement) -> TrialRecord:
         per_position_acceptance=acc.per_position if acc else None,
         startup_seconds=round(m.startup_seconds, 2), failed_requests=m.num_failed,
         peak_memory_bytes=m.peak_memory_bytes, memory_kind=m.memory_kind, kv_cache_tokens=m.kv_cache_tokens,
+        bursty_delivery=m.bursty_delivery,
     )
 
 

@@ -103,6 +103,8 @@ class TrialRecord(BaseModel):
     peak_memory_bytes: int | None = None
     memory_kind: str | None = Field(default=None, description="gpu or host_rss: what peak_memory_bytes measures.")
     kv_cache_tokens: int | None = None
+    bursty_delivery: bool | None = Field(default=None, description="Its tokens reached the client in bursts "
+                                         "(Measurement.bursty_delivery): its client latencies are the delivery's.")
     speedup: float | None = None
     noise: float | None = None
     constraints: dict[str, float] | None = None

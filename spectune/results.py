@@ -66,6 +66,8 @@ class TrialRow:
     memory_kind: str | None = None
     """``gpu`` or ``host_rss``: what ``peak_memory_bytes`` measures."""
     kv_cache_tokens: int | None = None
+    bursty_delivery: bool = False
+    """Its tokens reached the client in bursts (:attr:`spectune.measurement.Measurement.bursty_delivery`)."""
 
     @property
     def memory(self) -> str:
@@ -88,6 +90,9 @@ class TrialRow:
     def note(self) -> str:
         """What a person should know beside the trial's figures (``show``, the report)."""
         note = self.fail_reason or ("" if self.feasible else f"breaks {', '.join(self.broken) or 'the SLO'}")
+        if self.bursty_delivery:
+            burst = "tokens reached the client in bursts: its TTFT and TPOT are the delivery's"
+            note = f"{note}; {burst}" if note else burst
         if self.imported is not None:
             note = f"imported from {Path(self.imported).name}" + (f"; {note}" if note else "")
         if self.duplicate_of is not None:
@@ -358,6 +363,7 @@ def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
         placement=r.placement.label() if r.placement is not None else None,
         engine=r.engine, imported=r.imported, broken=tuple(k for k, v in (r.constraints or {}).items() if v > 0),
         peak_memory_bytes=r.peak_memory_bytes, memory_kind=r.memory_kind, kv_cache_tokens=r.kv_cache_tokens,
+        bursty_delivery=r.bursty_delivery is True,
     )
 
 

@@ -84,6 +84,18 @@ def test_tokens_delivered_in_a_burst_are_told_by_the_engine_cores_own_timing() -
     # the engine core spent 90 ms per token: the tokens waited and came at once
     burst = m.model_copy(update={"engine_timing": EngineTimingStats(requests=2, prefill_ms=20.0, tpot_ms=90.0)})
     assert burst.bursty_delivery is True
+    # the trial's record carries it to what show and the report say beside the figures
+    from spectune.objective import headline
+
+    study = optuna.create_study(direction="maximize", study_name="burst")
+    for label, measured in (("none", steady), ("ngram k=2", burst)):
+        spec = {"method": "none"} if label == "none" else {"method": "ngram", "num_speculative_tokens": 2}
+        attrs = {**headline(measured).model_dump(exclude_none=True), "config": label, "spec": spec}
+        study.add_trial(optuna.trial.create_trial(value=measured.output_throughput, params={}, distributions={},
+                                                  user_attrs=attrs))
+    rows = {r.label: r for r in StudyView(study, MeasurementStore("sqlite:///:memory:"), "sqlite:///:memory:").rows}
+    assert rows["none"].note == ""
+    assert "tokens reached the client in bursts" in rows["ngram k=2"].note
 
 
 def test_two_objectives_choose_from_the_feasible_pareto_front() -> None:
