@@ -105,12 +105,12 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     view = open_study(config.storage, "spread")
     again = next(r for r in view.rows if r.confirms is not None)
     assert again.label == top and again.recheck_reason == RECHECK_BEST and "the best when the search would stop" in again.note
-    # its lead contested, the search's next pick is the most promising (an odd step: it would
-    # otherwise have been the most uncertain)
+    # its lead contested, the search's next pick is the most promising (whatever the step's
+    # parity: test_plan.py's test_a_contested_lead_takes_the_most_promising_whatever_the_step)
     trials = view.study.get_trials(deepcopy=False)
     rechecked = next(t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST)
     after = next(t for t in trials if t.number > rechecked and "guide_reason" in t.user_attrs)
-    assert after.user_attrs["guide_reason"] == "promising" and after.user_attrs["guide_step"] % 2 == 1
+    assert after.user_attrs["guide_reason"] == "promising"
     engines = view.engines(confirmations=False)
     spread = view.study.user_attrs["guide"]["engine_spread"]
     twice = [c for c in engines if len(c.values) > 1]
