@@ -257,6 +257,42 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _seconds(value: float | None, trials: list[int | None] | None = None) -> str:
+    if value is None:
+        return "a seed never got there"
+    return f"{value:.0f}" + (f" ({trials[0]})" if trials and len(set(trials)) == 1 and trials[0] else "")
+
+
+def courses_markdown(names: list[str]) -> str:
+    """What guided search spent on each landscape (its ``evaluate`` result): engine seconds (and
+    trials) until within the noise band and within 2 % of the best, the grid's in the space's
+    order and random search's and TPE's means, where it stopped and how far below the best its
+    choice lies; then the configurations it measured, in order."""
+    head = ("| landscape | guided: engine s (trials) to within the band | to within 2 % | grid in order: within the band "
+            "/ 2 % | random, mean: within the band / 2 % | TPE, mean: within the band / 2 % | grid's engine s "
+            "| guided stopped after (share of the grid's engine s) | guided's choice below the best |")
+    lines = [head, "|" + "---|" * (head.count(" | ") + 1)]
+    courses = ["", "| landscape | guided search measured, in order |", "|---|---|"]
+    for name in names:
+        result = json.loads(_result_path(name).read_text())
+        st, total = result["strategies"], result["landscape_engine_seconds"]
+        guided, trace = st["guided"], result["guided_trace"]
+        within = [next((i + 1 for i, lb in enumerate(trace["measured"]) if lb in set(result["within_noise_band"])), None)]
+
+        def both(s: dict[str, Any]) -> str:
+            return f"{_seconds(s['mean_seconds_to_reach_band'])} / {_seconds(s['mean_seconds_to_reach'])}"
+
+        lines.append("| " + " | ".join([
+            f"`{name}`", _seconds(guided["mean_seconds_to_reach_band"], within),
+            _seconds(guided["mean_seconds_to_reach"], guided["trials_to_reach"]), both(st["grid"]), both(st["random"]),
+            both(st["tpe"]), f"{total:.0f}",
+            f"{len(trace['measured'])} starts ({_pct(statistics.fmean(guided['total_seconds']) / total)})",
+            _pct(guided["mean_regret"]),
+        ]) + " |")
+        courses.append(f"| `{name}` | {', '.join(trace['measured'])} |")
+    return "\n".join(lines + courses) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--landscape", action="append", help="names under benchmarks/landscapes (default: all)")
@@ -267,10 +303,12 @@ def main() -> None:
                              "rows in --out, instead of rerunning them")
     parser.add_argument("--out", type=Path, default=RESULTS / "landscapes.json")
     parser.add_argument("--markdown", action="store_true",
-                        help="print the table of --out as RESULTS.md shows it, and evaluate nothing")
+                        help="print the tables of --out and of the evaluate results as RESULTS.md shows them, "
+                             "and evaluate nothing")
     args = parser.parse_args()
     if args.markdown:
-        print(markdown(json.loads(args.out.read_text())), end="")
+        rows = json.loads(args.out.read_text())
+        print(markdown(rows) + "\n" + courses_markdown([r["name"] for r in rows]), end="")
         return
     names = args.landscape or sorted(p.stem for p in LANDSCAPES.glob("*.json") if p.stem not in SKIP)
     stored = {r["name"]: r for r in json.loads(args.out.read_text())} if args.out.exists() else {}
