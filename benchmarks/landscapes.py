@@ -206,11 +206,13 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
     }
 
 
-def _ratio(value: float | None, strategy: str, *, grid: float | None = None, goal: bool = False) -> str:
-    """A ratio guided / ``strategy``; None where a run of either never got there (the grid
-    always does: where guided / grid is None, ``grid``, guided search is the one that did not)."""
+def _ratio(value: float | None, strategy: str, *, goal: bool = False) -> str:
+    """A ratio or share of guided search's engine seconds over ``strategy``'s: against the grid
+    (``grid``, which measures everything) None where some guided seed never got there; against
+    random search or TPE (medians over the seeds) None where guided's median never got there, 0
+    where the other's did not."""
     if value is None:
-        return "guided never got there" if strategy == "grid" or grid is None else f"a {strategy} seed never got there"
+        return "a guided seed never got there" if strategy == "grid" else "guided's median never got there"
     if value == 0.0 and strategy != "grid":
         return f"{strategy}'s median never got there"
     return f"**{value:.3f}**" if goal and value <= GOAL_RATIO else f"{value:.3f}"
@@ -246,9 +248,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append("| " + " | ".join([
             f"`{r['name']}`", str(r.get("dtype") or "-"), str(r["workload"]), str(r["concurrency"]),
             str(r["candidates"]), f"+-{_pct(r['noise_band'])}",
-            _ratio(r["grid_share_band"], "grid", goal=True), _ratio(band := r["grid_ratio_band"], "grid"),
-            _ratio(r["random_median_ratio_band"], "random", grid=band),
-            _ratio(r["tpe_median_ratio_band"], "TPE", grid=band),
+            _ratio(r["grid_share_band"], "grid", goal=True), _ratio(r["grid_ratio_band"], "grid"),
+            _ratio(r["random_median_ratio_band"], "random"), _ratio(r["tpe_median_ratio_band"], "TPE"),
             _ratio(r["grid_share"], "grid", goal=True), _ratio(r["grid_ratio"], "grid"),
             f"{_pct(r['acceptance_error_median'])} / {_pct(r['acceptance_error_max'])}", _pct(r["throughput_error"]),
             _rate(r["same_pick_rate"]), _rate(r["baseline_pick_rate"]), _rate(r["prior_interval_hit_rate"]),
@@ -277,7 +278,9 @@ def courses_markdown(names: list[str]) -> str:
         result = json.loads(_result_path(name).read_text())
         st, total = result["strategies"], result["landscape_engine_seconds"]
         guided, trace = st["guided"], result["guided_trace"]
-        within = [next((i + 1 for i, lb in enumerate(trace["measured"]) if lb in set(result["within_noise_band"])), None)]
+        near = set(result["within_noise_band"])  # its trials to there: guided search is deterministic, seed 0's trace
+        within = [next((i + 1 for i, lb in enumerate(trace["measured"]) if lb in near), None)] \
+            if len(set(guided["seconds_to_reach_band"])) == 1 else None
 
         def both(s: dict[str, Any]) -> str:
             return f"{_seconds(s['mean_seconds_to_reach_band'])} / {_seconds(s['mean_seconds_to_reach'])}"
@@ -316,7 +319,8 @@ def main() -> None:
     payload = []
     for name in names:
         path, out = LANDSCAPES / f"{name}.json", _result_path(name)
-        if not args.reuse or not out.exists():
+        reused = args.reuse and out.exists() and "noise_band" in json.loads(out.read_text())  # as this code writes it
+        if not reused:
             print(f"{name}: evaluate", file=sys.stderr, flush=True)
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "search_efficiency.py"), "evaluate", str(path),
                             "--seeds", str(args.seeds), "--out", str(out)], check=True, cwd=REPO)
@@ -324,7 +328,7 @@ def main() -> None:
         from search_efficiency import _models_here  # the same models as evaluate replays with
 
         here = _models_here(landscape)
-        if args.reuse and "decision" in (old := stored.get(name, {})):  # the stored replays of decision quality
+        if reused and "decision" in (old := stored.get(name, {})):  # the stored replays of decision quality
             r = {**row(name, here, json.loads(out.read_text()), old["decision"], old["prior_interval_coverage"]),
                  **{k: old[k] for k in ("evaluated_at", "seeds", "decision_seeds")}}
         else:

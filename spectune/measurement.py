@@ -109,7 +109,8 @@ class EngineTimingStats(BaseModel):
     histograms, by the engine core's monotonic timestamps): what the engine spent, whatever the
     API server and the network then did to the tokens' delivery."""
 
-    requests: int = Field(description="Requests the histograms counted over the windows.")
+    requests: int = Field(description="Requests the histograms counted over the windows (vLLM counts a "
+                          "one-token request's time per output token as 0, which the client's TPOT leaves out).")
     prefill_ms: float | None = Field(description="Mean time from a request's scheduling to its first token.")
     tpot_ms: float | None = Field(description="Mean over requests of their time per output token after the first.")
 

@@ -76,7 +76,7 @@ def test_slo_violations_are_optuna_constraints() -> None:
 def test_tokens_delivered_in_a_burst_are_told_by_the_engine_cores_own_timing() -> None:
     from spectune.measurement import EngineTimingStats
 
-    # 11 tokens a request: the client saw the first at 0.9 s of 1.0, the nine gaps after it 11 ms each
+    # 11 tokens a request: the client saw the first at 0.9 s of 1.0, the ten gaps after it 10 ms each
     m = _measurement([0.9, 0.9], [1.0, 1.0], 11)
     assert m.bursty_delivery is None  # without the engine's timing nothing tells
     steady = m.model_copy(update={"engine_timing": EngineTimingStats(requests=2, prefill_ms=20.0, tpot_ms=12.0)})

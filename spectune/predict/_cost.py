@@ -238,6 +238,11 @@ def fit_cost(t0_ms: float, points: Sequence[CostPoint], *, source: str = "fit", 
     single point, one configuration on one engine, is widened by at least ``engine_noise`` (how
     much engine starts differ, :func:`fit_cost_model`): its cost may be its engine's speed, and
     with nothing else measured the fit would price every other setting of the proposer by it.
+    A fit on two configurations or more is not: its per-point estimates differ by their engines'
+    speeds as well as by their configurations', and span both (each engine start is brought to a
+    typical one by its gauge first, where the proposer has enough of them); widening each of
+    them by the spread as well would keep every setting of a proposer alive on a machine whose
+    engines differ, and the search from stopping.
 
     Raises:
         ValueError: no points, or ``t0 <= 0``.

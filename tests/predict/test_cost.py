@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -113,14 +114,16 @@ def test_a_cost_fitted_on_one_engine_start_is_as_uncertain_as_engines_differ() -
     assert relative_interval(steady) == pytest.approx((0.97, 1.03))
     # alike to the digit: the noise of one measurement (REL_NOISE, 2 %) still holds
     assert relative_interval(fit_cost_model(t0, 100.0, [s8], engine_spread=0.0)) == pytest.approx((0.98, 1.02))
-    # measured on two engines, the configuration carries their own spread, not the prior's
-    again = dataclasses.replace(s8, tpot_ms=s8.tpot_ms * 1.02)
-    low, high = relative_interval(fit_cost_model(t0, 100.0, [s8, again]))
-    assert low == pytest.approx(0.98) and high == pytest.approx(1.02)
-    # two configurations: the fit's interval spans what they measured, no floor of its own
+    # measured on two engines 10 % apart, the configuration carries their own spread (the standard
+    # deviation over the mean, 6.7 %), not the prior's
+    again = dataclasses.replace(s8, tpot_ms=s8.tpot_ms * 1.10)
+    own = math.sqrt(2 * 0.05 ** 2) / 1.05
+    assert relative_interval(fit_cost_model(t0, 100.0, [s8, again])) == pytest.approx((1 - own, 1 + own))
+    # two configurations: the fit's interval spans what they measured (here each at the 2 % floor,
+    # s4's drafted tokens scaled to the candidate's), no floor of its own
     s4 = CostPoint(Method.SUFFIX, None, 4, t0 * (1 + 0.1 * 2.0) / 2.0, 2.0, "s4", drafted=2.0, noise=0.01)
-    low, high = relative_interval(fit_cost_model(t0, 100.0, [s8, s4]))
-    assert high - low < PRIOR_ENGINE_SPREAD
+    widen = 0.02 * (1 + 0.1 * 2.0) / 2.0 * d / (1 + 0.1 * d)  # s4's 2 % on c, at the candidate's d
+    assert relative_interval(fit_cost_model(t0, 100.0, [s8, s4])) == pytest.approx((1 - widen, 1 + widen))
 
 
 def test_a_cost_that_does_not_grow_with_drafted_tokens_is_a_flat_overhead() -> None:
