@@ -30,9 +30,9 @@ this machine would replay it), and compare:
 - grid search in the space's order, and random search and TPE with ``--seeds`` seeds each;
 
 by the engine seconds spent until a configuration within ``--tolerance`` (2%) of the landscape's
-best was measured (and until one within the landscape's noise band of it,
-:meth:`~spectune.landscape.Landscape.noise_band`, the ``_band`` ratios) (guided search is deterministic: its seeds only seed Optuna's fallback
-sampler), and by the *regret* of the configuration each study finally chooses
+best was measured, and until one within the landscape's noise band of it
+(:meth:`~spectune.landscape.Landscape.noise_band`: the ``_band`` figures; guided search is
+deterministic, its seeds only seed Optuna's fallback sampler), and by the *regret* of the configuration each study finally chooses
 (:meth:`spectune.results.StudyView.best`): how far below the best its value is. A candidate's
 value is its mean over its recorded engine starts, so that on a landscape with several starts
 per candidate the best is not just the luckiest engine. Prediction errors, leave-one-out on the
@@ -397,13 +397,14 @@ def evaluate(args: argparse.Namespace) -> None:
                 "grid": [_strategy(landscape, work, "grid", 0, n, objective.value)],
                 "random": [_strategy(landscape, work, "random", s, n, objective.value) for s in seeds],
                 "tpe": [_strategy(landscape, work, "tpe", s, n, objective.value) for s in seeds]}
-    mean: dict[str, float | None] = {}  # None: some run never got there (null in the JSON)
+    def mean_of(reach: list[float | None]) -> float | None:  # None: some run never got there (null in the JSON)
+        return None if None in reach else statistics.fmean(r for r in reach if r is not None)
+
+    mean: dict[str, float | None] = {}
     mean_band: dict[str, float | None] = {}
     for name, traces in runs.items():
-        reach = [_seconds_to_reach(t, good) for t in traces]
-        mean[name] = None if None in reach else statistics.fmean(r for r in reach if r is not None)
-        reach_band = [_seconds_to_reach(t, near) for t in traces]
-        mean_band[name] = None if None in reach_band else statistics.fmean(r for r in reach_band if r is not None)
+        reach, reach_band = ([_seconds_to_reach(t, target) for t in traces] for target in (good, near))
+        mean[name], mean_band[name] = mean_of(reach), mean_of(reach_band)
         regret = [max(0.0, sign * (best - values[t["chosen"]]) / abs(best)) for t in traces]
         results[name] = {
             "seconds_to_reach": reach,
