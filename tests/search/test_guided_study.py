@@ -84,7 +84,8 @@ def test_the_last_guided_pick_is_measured_again_past_the_trial_budget(landscape:
 
 
 def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_engines_differ(
-        landscape: Landscape, tmp_path: Path) -> None:
+        landscape: Landscape, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from spectune.results import engine_spread
 
     values = landscape_values(landscape)
@@ -95,7 +96,19 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     first = [label for label, _ in plain]
     top = first[-1]  # its best, measured again: the same recorded start, so the search stops
     assert first.count(top) == 2 and len(set(first)) == len(first) - 1
-    # the same search where a second engine runs 0.75x as fast: the engines differ by 20 %
+    # the same search where a second engine runs 0.75x as fast: the engines differ by 20 %; what
+    # guided search tells its planner is recorded (the contested lead after its recheck)
+    import spectune.predict
+
+    plans: list[tuple[bool, str | None]] = []
+    real_plan = spectune.predict.plan_next
+
+    def recording_plan(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        plan = real_plan(*args, **kwargs)
+        plans.append((kwargs.get("contested", False), plan.pick.label if plan.pick is not None else None))
+        return plan
+
+    monkeypatch.setattr(spectune.predict, "plan_next", recording_plan)
     spent: list[tuple[str, float]] = []
     config = config.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "study_name": "spread"})
     run_study(config, measure_fn=second_engine(landscape, 0.75, spent))
@@ -105,12 +118,16 @@ def test_guided_search_measures_its_best_again_before_it_stops_and_then_knows_en
     view = open_study(config.storage, "spread")
     again = next(r for r in view.rows if r.confirms is not None)
     assert again.label == top and again.recheck_reason == RECHECK_BEST and "the best when the search would stop" in again.note
-    # its lead contested, the search's next pick is the most promising (whatever the step's
-    # parity: test_plan.py's test_a_contested_lead_takes_the_most_promising_whatever_the_step)
+    # its lead contested, the search planned its next pick as such (the most promising whatever
+    # the step: test_plan.py's test_a_contested_lead_takes_the_most_promising_whatever_the_step):
+    # one contested pick after each recheck of its best, none before the first
     trials = view.study.get_trials(deepcopy=False)
-    rechecked = next(t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST)
-    after = next(t for t in trials if t.number > rechecked and "guide_reason" in t.user_attrs)
+    rechecks = [t.number for t in trials if t.user_attrs.get("recheck") == RECHECK_BEST]
+    after = next(t for t in trials if t.number > rechecks[0] and "guide_reason" in t.user_attrs)
     assert after.user_attrs["guide_reason"] == "promising"
+    contested = [pick for flag, pick in plans if flag and pick is not None]
+    assert contested[0] == after.user_attrs["config"] and len(contested) <= len(rechecks)
+    assert not plans[0][0]
     engines = view.engines(confirmations=False)
     spread = view.study.user_attrs["guide"]["engine_spread"]
     twice = [c for c in engines if len(c.values) > 1]
