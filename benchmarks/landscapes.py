@@ -200,7 +200,7 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "acceptance_error_median": statistics.median(accept) if accept else None,
         "acceptance_error_max": max(accept) if accept else None,
         "throughput_error": result["throughput_error"],
-        "single_engine_error": (result.get("engine_speed", {}).get("spread") or {}).get("single_engine_error"),
+        "single_engine_error": result["engine_speed"].get("spread", {}).get("single_engine_error"),
         "same_pick_rate": quality["same_pick_rate"], "baseline_pick_rate": quality["baseline_pick_rate"],
         "prior_interval_hit_rate": quality["prior_interval_hit_rate"],
         "prior_interval_coverage": coverage,
@@ -256,7 +256,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             _ratio(r["random_median_ratio_band"], "random"), _ratio(r["tpe_median_ratio_band"], "TPE"),
             _ratio(r["grid_share"], "grid", goal=True), _ratio(r["grid_ratio"], "grid"),
             f"{_pct(r['acceptance_error_median'])} / {_pct(r['acceptance_error_max'])}", _pct(r["throughput_error"]),
-            _pct(r.get("single_engine_error")), _rate(r["same_pick_rate"]), _rate(r["baseline_pick_rate"]), _rate(r["prior_interval_hit_rate"]),
+            _pct(r["single_engine_error"]), _rate(r["same_pick_rate"]), _rate(r["baseline_pick_rate"]), _rate(r["prior_interval_hit_rate"]),
             _rate(r["prior_interval_coverage"]),
         ]) + " |")
     return "\n".join(lines) + "\n"
