@@ -64,15 +64,18 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from spectune._util import atomic_write_text, load_yaml_file  # noqa: E402
 from spectune.landscape import Landscape, LandscapePoint  # noqa: E402
+
+if TYPE_CHECKING:
+    from spectune.measurement import Measurement
 
 DEFAULT_CONFIG = REPO / "benchmarks" / "landscapes" / "tiny.yaml"
 DEFAULT_LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny.json"
@@ -305,7 +308,9 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     baseline as measured). With several engine starts
     per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
     (``single_engine_error``), the same after bringing each start to the typical engine
-    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine; and
+    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine;
+    ``engine_prefill_scaled_single_engine_error`` by the engine core's own prefill instead,
+    :func:`spectune.predict.engine_prefill_ms`, None on a landscape recorded without it; and
     ``weighted_single_engine_error``, by the power of the speeds the cost model gives the gauge on
     the first starts, ``gauge_weight``, :func:`spectune.predict._cost.gauge_weight`), the largest
     max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
@@ -315,6 +320,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     from spectune.predict import (
         effective_k,
         engine_gauge_ms,
+        engine_prefill_ms,
         engine_speeds,
         gauge_weight,
     )
@@ -326,15 +332,19 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
             speed[id(p)] = (value, p.measurement.ttft_ms.median)
     gauged = [p for p in landscape.points if id(p) in speed and p.measurement is not None
               and not p.measurement.spec.is_baseline]
-    engine = dict(zip(map(id, gauged), engine_speeds(
-        [(m.spec.method, m.spec.model, effective_k(m.spec) or 0, engine_gauge_ms(m))
-         for p in gauged if (m := p.measurement) is not None]), strict=True))
 
+    def speeds_by(gauge: Callable[[Measurement], float | None]) -> dict[int, float]:
+        return dict(zip(map(id, gauged), engine_speeds(
+            [(m.spec.method, m.spec.model, effective_k(m.spec) or 0, gauge(m))
+             for p in gauged if (m := p.measurement) is not None]), strict=True))
+
+    engine, by_prefill = speeds_by(engine_gauge_ms), speeds_by(engine_prefill_ms)
+    has_prefill = any(engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None)
     t0, _, first = _first_start_points(landscape)
     weight = gauge_weight(t0, first)
 
-    def scaled(p: LandscapePoint, w: float = 1.0) -> float:  # a fast engine's throughput down, its latency up
-        value, s = speed[id(p)][0], engine.get(id(p), 1.0) ** w
+    def scaled(p: LandscapePoint, w: float = 1.0, speeds: dict[int, float] = engine) -> float:
+        value, s = speed[id(p)][0], speeds.get(id(p), 1.0) ** w  # a fast engine's throughput down, its latency up
         return value / s if maximize else value * s
 
     by_method: dict[str, list[float]] = {}
@@ -347,6 +357,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     raw_err: list[float] = []
     scaled_err: list[float] = []
     weighted_err: list[float] = []
+    prefill_err: list[float] = []
     ratios: list[float] = []
     deviations: list[tuple[Any, float]] = []  # (start time, how far that start lies from its mean)
     for engines in landscape.engines().values():
@@ -356,7 +367,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         raw = [v for _, (v, _) in ok]
         raw_mean = statistics.fmean(raw)
         for values, errs in ((raw, raw_err), ([scaled(p) for p, _ in ok], scaled_err),
-                             ([scaled(p, weight) for p, _ in ok], weighted_err)):
+                             ([scaled(p, weight) for p, _ in ok], weighted_err),
+                             ([scaled(p, speeds=by_prefill) for p, _ in ok], prefill_err)):
             mean = statistics.fmean(values)
             errs.extend(abs(v / mean - 1.0) for v in values)
         deviations.extend((p.measurement.started_at, v / raw_mean - 1.0)
@@ -366,6 +378,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         out["spread"] = {"candidates": len(ratios), "single_engine_error": statistics.fmean(raw_err),
                          "ttft_scaled_single_engine_error": statistics.fmean(scaled_err),
                          "weighted_single_engine_error": statistics.fmean(weighted_err),
+                         "engine_prefill_scaled_single_engine_error": statistics.fmean(prefill_err)
+                         if has_prefill else None,
                          "max_over_min_largest": max(ratios), "max_over_min_median": statistics.median(ratios),
                          "next_start_correlation": _lag1([d for _, d in sorted(deviations)])}
     return out
@@ -473,7 +487,9 @@ def evaluate(args: argparse.Namespace) -> None:
         print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
               f"({sp['ttft_scaled_single_engine_error']:.1%} brought to a typical engine by its TTFT, "
               f"{sp['weighted_single_engine_error']:.1%} at the cost model's weight of the TTFT, "
-              f"{speed['gauge_weight']:.2f}); max/min of one candidate's "
+              f"{speed['gauge_weight']:.2f}"
+              + (f", {e:.1%} by the engine's own prefill" if (e := sp["engine_prefill_scaled_single_engine_error"])
+                 is not None else "") + "); max/min of one candidate's "
               f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}"
               + (f"; correlation with the next start's deviation {c:.2f}"
                  if (c := sp["next_start_correlation"]) is not None else ""))

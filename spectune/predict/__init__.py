@@ -45,6 +45,7 @@ from spectune.predict._gauge import (
     CostPoint,
     at_typical_speed,
     engine_gauge_ms,
+    engine_prefill_ms,
     engine_speeds,
 )
 from spectune.predict._guide import (
@@ -116,6 +117,7 @@ __all__ = [
     "ngram_proposal",
     "effective_k",
     "engine_gauge_ms",
+    "engine_prefill_ms",
     "engine_speeds",
     "expected_tokens_per_step",
     "fit_concurrency",

@@ -17,8 +17,8 @@ from spectune.predict._measured import effective_k, measured_profile
 if TYPE_CHECKING:
     from spectune.measurement import Measurement
 
-__all__ = ["MAX_GAUGE_RATIO", "MIN_GAUGES", "CostPoint", "at_typical_speed", "engine_gauge_ms", "engine_speed",
-           "engine_speeds", "brought_to_speed", "gauged_speeds"]
+__all__ = ["MAX_GAUGE_RATIO", "MIN_GAUGES", "CostPoint", "at_typical_speed", "engine_gauge_ms", "engine_prefill_ms",
+           "engine_speed", "engine_speeds", "brought_to_speed", "gauged_speeds"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,16 @@ def engine_gauge_ms(m: Measurement) -> float | None:
     level = m.at_concurrency(1)
     ttft = level.ttft_median_ms if level is not None else None
     return ttft if ttft is not None and ttft > 0 else None
+
+
+def engine_prefill_ms(m: Measurement) -> float | None:
+    """The engine core's own mean prefill of the trial's headline windows where requests ran one
+    at a time (:attr:`~spectune.measurement.Measurement.engine_timing`): the gauge of
+    :func:`engine_gauge_ms` without the API server's share (tokenising, delivering the first
+    token). None at other concurrencies, as there, or without the engine's histograms."""
+    timing = m.engine_timing
+    prefill = timing.prefill_ms if timing is not None and m.concurrency == 1 else None
+    return prefill if prefill is not None and prefill > 0 else None
 
 
 MIN_GAUGES = 3

@@ -13,6 +13,7 @@ from synthetic import (
 
 from spectune.config import Method, SpecConfig
 from spectune.measurement import (
+    EngineTimingStats,
     LevelStats,
 )
 from spectune.predict import (
@@ -22,6 +23,7 @@ from spectune.predict import (
     Estimate,
     at_typical_speed,
     engine_gauge_ms,
+    engine_prefill_ms,
     fit_cost,
     fit_cost_model,
     gauge_weight,
@@ -250,3 +252,7 @@ def test_gauges_compare_within_a_proposer_and_along_a_model_drafters_k() -> None
     one = LevelStats(concurrency=1, num_requests=4, num_failed=0, duration_seconds=1.0, output_throughput=90.0,
                      tpot_median_ms=8.0, ttft_median_ms=61.0, acceptance=None)
     assert engine_gauge_ms(m.model_copy(update={"concurrency": 4, "levels": [one]})) == pytest.approx(61.0)
+    # the engine core's own prefill: at concurrency 1 only, and only where vLLM reported it
+    timed = m.model_copy(update={"engine_timing": EngineTimingStats(requests=4, prefill_ms=31.0, tpot_ms=8.0)})
+    assert engine_prefill_ms(timed) == pytest.approx(31.0) and engine_prefill_ms(m) is None
+    assert engine_prefill_ms(timed.model_copy(update={"concurrency": 4})) is None
