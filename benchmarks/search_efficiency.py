@@ -316,7 +316,9 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
     start's deviation from its candidate's mean with that of the start recorded next, whatever
     its candidate (near 0: each engine is fast or slow on its own; toward 1: the machine drifts,
-    and starts close in time share it)."""
+    and starts close in time share it), and ``pass_bias``: the mean of that deviation over each
+    candidate's first start, second start, and so on (one per recording pass: a pass run while
+    the machine was slower reads below 0, and a predictor fitted on it follows it)."""
     from spectune.predict import (
         effective_k,
         engine_gauge_ms,
@@ -360,6 +362,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     prefill_err: list[float] = []
     ratios: list[float] = []
     deviations: list[tuple[Any, float]] = []  # (start time, how far that start lies from its mean)
+    by_pass: dict[int, list[float]] = {}  # the same, by each candidate's j-th start (recording pass)
     for engines in landscape.engines().values():
         ok = [(p, speed[id(p)]) for p in engines if id(p) in speed]
         if len(ok) < 2:
@@ -373,6 +376,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
             errs.extend(abs(v / mean - 1.0) for v in values)
         deviations.extend((p.measurement.started_at, v / raw_mean - 1.0)
                           for p, (v, _) in ok if p.measurement is not None)
+        for j, v in enumerate(raw):
+            by_pass.setdefault(j, []).append(v / raw_mean - 1.0)
         ratios.append(max(raw) / min(raw))
     if ratios:
         out["spread"] = {"candidates": len(ratios), "single_engine_error": statistics.fmean(raw_err),
@@ -381,7 +386,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
                          "engine_prefill_scaled_single_engine_error": statistics.fmean(prefill_err)
                          if has_prefill else None,
                          "max_over_min_largest": max(ratios), "max_over_min_median": statistics.median(ratios),
-                         "next_start_correlation": _lag1([d for _, d in sorted(deviations)])}
+                         "next_start_correlation": _lag1([d for _, d in sorted(deviations)]),
+                         "pass_bias": [statistics.fmean(by_pass[j]) for j in sorted(by_pass)]}
     return out
 
 
@@ -492,7 +498,8 @@ def evaluate(args: argparse.Namespace) -> None:
                  is not None else "") + "); max/min of one candidate's "
               f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}"
               + (f"; correlation with the next start's deviation {c:.2f}"
-                 if (c := sp["next_start_correlation"]) is not None else ""))
+                 if (c := sp["next_start_correlation"]) is not None else "")
+              + "; mean deviation of each pass's starts " + " ".join(f"{b:+.1%}" for b in sp["pass_bias"]))
     print("cost of a speculative step, relative to the target's (first starts): " + ", ".join(
         f"{k} {v['overhead']:.2f} + {v['c']:.3f} per drafted token" for k, v in out["cost_fit"].items()))
     print(f"the landscape's noise band (twice one engine start's spread around its candidate's mean): {band:.1%}, "
