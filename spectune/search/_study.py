@@ -237,7 +237,7 @@ class StudyStrategy(SearchStrategy):
             if inputs.candidates:
                 return Wait("every candidate left is running on another worker")
             return self._explore_knobs(view, trials)
-        best, top, spread = _best_measured(view, inputs.maximize)
+        best, top = _best_measured(view, inputs.maximize)
         step = sum(1 for t in trials if t.rec.guided and t.rec.retry_of is None)
         # its best measured again before stopping, and the search goes on: no guided pick since then
         rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
@@ -246,7 +246,7 @@ class StudyStrategy(SearchStrategy):
         errors = inputs.errors()
         write_study_fields(study, guide={
             "best_measured": best,
-            "engine_spread": spread,
+            "engine_spread": inputs.engine_spread,  # over the same trials as best and top
             "errors": errors.record() if errors is not None else None,
             "engine_knobs": (f"speculative configurations from guided search's models; engine knobs "
                              f"({', '.join(self.space.knobs)}) from Optuna's {type(study.sampler).__name__}, "
@@ -349,18 +349,15 @@ class StudyStrategy(SearchStrategy):
                    progress=(finished + confirmed + 1, finished + confirmed + len(todo)))
 
 
-def _best_measured(view: StudyView, maximize: bool) -> tuple[float, Engines | None, float | None]:
+def _best_measured(view: StudyView, maximize: bool) -> tuple[float, Engines | None]:
     """What guided search compares its candidates with: the best measured value (mean over its
     engines) at the low end of its noise, so that one lucky window, or one lucky engine once
     engines are known to differ, does not end the search (-inf for a maximised objective while
-    nothing is feasible: anything could beat it); the configuration the study would choose; and
-    the engines' spread (:func:`spectune.results.engine_spread`)."""
-    from spectune.results import engine_spread
-
+    nothing is feasible: anything could beat it); and the configuration the study would choose."""
     sign = 1.0 if maximize else -1.0
     engines = view.engines(confirmations=False)  # measured once: noise at least the engines' spread
     feasible = [c for c in engines if c.feasible]
     lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
     best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf
     top = max(feasible, key=lambda c: sign * c.value) if feasible else None
-    return best, top, engine_spread(engines)
+    return best, top
