@@ -40,15 +40,16 @@ landscape: mean acceptance length of each (proposer, k) predicted from the other
 baseline (replay, or truncation and extrapolation from the same proposer at other k), and output
 throughput of each speculative candidate predicted from the others' first engine start,
 against its mean (and against its first start). With several starts per candidate it also
-writes how far one engine start lies from its candidate's mean (``engine_speed.spread``): the error
-no prediction from single measurements can go below, and the cost model fitted on every first
-start (``cost_fit``). Writes
+writes how far one engine start lies from its candidate's mean (``engine_speed.spread``), how
+far a prediction at each candidate's true value would lie from that mean
+(``throughput_target_noise``, :func:`target_noise`: the part of the throughput error that is the
+recording's own noise), and the cost model fitted on every first start (``cost_fit``). Writes
 ``benchmarks/results/search_efficiency.json``::
 
     python benchmarks/search_efficiency.py evaluate                      # the tiny landscape
     python benchmarks/search_efficiency.py evaluate my.json --out my_results.json
     python benchmarks/search_efficiency.py evaluate benchmarks/landscapes/smollm2.json --no-draft-replay \
-        --out benchmarks/results/no_draft_replay/search_efficiency_smollm2.json   # as before session 8
+        --out benchmarks/results/no_draft_replay/search_efficiency_smollm2.json   # the draft from its trials
 
 Prints one line per figure. Ratios are guided / other (lower is better).
 """
@@ -60,6 +61,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import shutil
 import statistics
 import sys
@@ -267,6 +269,23 @@ def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
     return {"acceptance_length": accept, objective: value}
 
 
+def target_noise(landscape: Landscape, objective: str) -> float | None:
+    """How far, on average, a prediction exactly at each speculative candidate's true value
+    would lie from the mean over its recorded engine starts, the measured value that
+    ``throughput_error`` scores against: ``sqrt(2 / pi) * s / sqrt(n)``, the mean absolute
+    deviation of a mean of ``n`` normal draws, with ``s`` the landscape's pooled spread of one
+    start (:meth:`~spectune.landscape.Landscape.engine_spread`) and ``n`` the candidate's
+    starts. A throughput error about this large is the recording's noise, not the predictor's:
+    more starts per candidate shrink it. None on a landscape of one start per candidate."""
+    spread = landscape.engine_spread(objective)
+    if spread is None:
+        return None
+    starts = landscape.starts(objective)
+    counts = [len(starts[p.label]) for p in landscape.by_key().values()
+              if p.measurement is not None and not p.measurement.spec.is_baseline and starts[p.label]]
+    return statistics.fmean(math.sqrt(2.0 / math.pi) * spread / math.sqrt(n) for n in counts) if counts else None
+
+
 def _cost_fit(landscape: Landscape) -> dict[str, Any]:
     """The throughput cost model fitted on every candidate's first engine start, per method:
     ``c`` per drafted token, the fixed ``overhead`` of a speculative step (both relative to a step
@@ -471,6 +490,7 @@ def evaluate(args: argparse.Namespace) -> None:
         "acceptance_length_error": statistics.fmean(e["error"] for e in errors["acceptance_length"]),
         "throughput_error": statistics.fmean(e["error"] for e in errors[objective.value]),
         "throughput_error_first_engine": statistics.fmean(e["error_first_engine"] for e in errors[objective.value]),
+        "throughput_target_noise": target_noise(landscape, objective.value),
         "strategies": results,
         "guided_trace": runs["guided"][0],
         "prediction_errors": errors,
@@ -507,7 +527,7 @@ def evaluate(args: argparse.Namespace) -> None:
     for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
                 "grid_engine_seconds_ratio_band", "random_engine_seconds_ratio_band", "tpe_engine_seconds_ratio_band",
                 "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
-                "throughput_error", "throughput_error_first_engine"):
+                "throughput_error", "throughput_error_first_engine", "throughput_target_noise"):
         print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (a run never came within tolerance)")
     print(f"-> {args.out}")
 

@@ -169,14 +169,23 @@ class Landscape(StrictModel):
         hw = m.hardware.model_dump(mode="json")
         return {k: hw.get(k) for k in ("platform", "cpu", "cpu_count", "gpus")}
 
+    def starts(self, objective: str) -> dict[str, list[float]]:
+        """Each candidate's ``objective`` on each of its measured engine starts, by its label
+        (empty for a candidate whose engines all failed)."""
+        return {starts[0].label: [v for p in starts if (v := self.value(p, objective)) is not None]
+                for starts in self.engines().values()}
+
     def means(self, objective: str) -> dict[str, float]:
         """Each candidate's ``objective`` by its label: the mean over its measured engine starts."""
-        out = {}
-        for starts in self.engines().values():
-            values = [v for p in starts if (v := self.value(p, objective)) is not None]
-            if values:
-                out[starts[0].label] = statistics.fmean(values)
-        return out
+        return {label: statistics.fmean(values) for label, values in self.starts(objective).items() if values}
+
+    def engine_spread(self, objective: str) -> float | None:
+        """The pooled relative standard deviation of one engine start of a candidate, as a study
+        reckons its own (:func:`spectune.results.pooled_spread`); None for a landscape of one
+        start per candidate."""
+        from spectune.results import pooled_spread
+
+        return pooled_spread(self.starts(objective).values())
 
     def noise_band(self, objective: str, *, floor: float = 0.02) -> float:
         """How far two candidates' means may lie apart and still be told apart by nothing but
@@ -184,8 +193,7 @@ class Landscape(StrictModel):
         mean (over the candidates with several measured starts), at least ``floor`` (the noise of
         one measurement; ``floor`` alone for a landscape of one start per candidate)."""
         dev = []
-        for starts in self.engines().values():
-            values = [v for p in starts if (v := self.value(p, objective)) is not None]
+        for values in self.starts(objective).values():
             if len(values) > 1:
                 mean = statistics.fmean(values)
                 dev += [(v / mean - 1.0) ** 2 for v in values]

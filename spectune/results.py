@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from spectune.measurement import Measurement
 
 __all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
-           "open_study", "prediction_errors_note", "speedup"]
+           "open_study", "pooled_spread", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -142,8 +142,15 @@ def engine_spread(configs: Sequence[Engines]) -> float | None:
     surprises count too: they are chosen for a first engine far from its prediction, which
     inflates the figure, but on a machine where one engine start can land that far, a
     configuration measured once is that uncertain."""
-    pairs = [(len(c.values) - 1, statistics.variance(c.values) / c.value ** 2)
-             for c in configs if len(c.values) > 1 and c.value]
+    return pooled_spread([c.values for c in configs])
+
+
+def pooled_spread(groups: Iterable[Sequence[float]]) -> float | None:
+    """The pooled relative standard deviation of ``groups`` (each the values of one configuration
+    on its engines): each group's variance over its squared mean, weighted by its degrees of
+    freedom, over the groups of two values or more; None without any (:func:`engine_spread`)."""
+    pairs = [(len(v) - 1, statistics.variance(v) / mean ** 2)
+             for v in groups if len(v) > 1 and (mean := statistics.fmean(v))]
     dof = sum(n for n, _ in pairs)
     return math.sqrt(sum(n * v for n, v in pairs) / dof) if dof else None
 

@@ -46,6 +46,10 @@ def test_a_landscape_with_several_engine_starts_replays_them_in_turn_and_knows_t
     assert two.noise_band("output_throughput") == pytest.approx(2 / 3)
     assert landscape.noise_band("output_throughput") == 0.02  # one start each: the floor alone
     assert landscape.noise_band("output_throughput", floor=0.05) == 0.05
+    # as a study pools its own: the standard deviation of (v, v/2) over their mean, sqrt(2)/3
+    assert two.engine_spread("output_throughput") == pytest.approx(2**0.5 / 3)
+    assert landscape.engine_spread("output_throughput") is None
+    assert two.starts("output_throughput")["suffix k=8"] == pytest.approx([first, first * 0.5])
     other = landscape.model_copy(update={"study_config": {**landscape.study_config,
                                                           "workload": {"source": "mtbench"}}})
     with pytest.raises(ConfigError, match="their workload differ"):
