@@ -330,7 +330,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine;
     ``engine_prefill_scaled_single_engine_error`` by the engine core's own prefill instead,
     :func:`spectune.predict.engine_prefill_ms`, None on a landscape recorded without it; and
-    ``weighted_single_engine_error``, by the power of the speeds the cost model gives the gauge on
+    ``weighted_single_engine_error``, by the cost model's gauge (the engine's prefill where every
+    start has it, :func:`spectune.predict._gauge.gauged_speeds`) at the power it gives that gauge on
     the first starts, ``gauge_weight``, :func:`spectune.predict._cost.gauge_weight`), the largest
     max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
     start's deviation from its candidate's mean with that of the start recorded next, whatever
@@ -360,7 +361,9 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
              for p in gauged if (m := p.measurement) is not None]), strict=True))
 
     engine, by_prefill = speeds_by(engine_gauge_ms), speeds_by(engine_prefill_ms)
-    has_prefill = any(engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None)
+    prefills = [engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None]
+    has_prefill = any(prefills)
+    by_cost_model = by_prefill if all(prefills) else engine  # the gauge the cost model scales by (gauged_speeds)
     t0, _, first = _first_start_points(landscape)
     weight = gauge_weight(t0, first)
 
@@ -389,7 +392,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         raw = [v for _, (v, _) in ok]
         raw_mean = statistics.fmean(raw)
         for values, errs in ((raw, raw_err), ([scaled(p) for p, _ in ok], scaled_err),
-                             ([scaled(p, weight) for p, _ in ok], weighted_err),
+                             ([scaled(p, weight, by_cost_model) for p, _ in ok], weighted_err),
                              ([scaled(p, speeds=by_prefill) for p, _ in ok], prefill_err)):
             mean = statistics.fmean(values)
             errs.extend(abs(v / mean - 1.0) for v in values)
@@ -512,7 +515,7 @@ def evaluate(args: argparse.Namespace) -> None:
         sp = speed["spread"]
         print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
               f"({sp['ttft_scaled_single_engine_error']:.1%} brought to a typical engine by its TTFT, "
-              f"{sp['weighted_single_engine_error']:.1%} at the cost model's weight of the TTFT, "
+              f"{sp['weighted_single_engine_error']:.1%} by the cost model's gauge at its weight, "
               f"{speed['gauge_weight']:.2f}"
               + (f", {e:.1%} by the engine's own prefill" if (e := sp["engine_prefill_scaled_single_engine_error"])
                  is not None else "") + "); max/min of one candidate's "

@@ -16,8 +16,10 @@ at several ``d`` (:func:`fit_cost`).
 
 Engines of one configuration differ in speed from one start to the next (on shared CPUs by
 10-20 %, more than many configurations differ). Each trial carries a gauge of its engine's speed
-apart from its configuration: its median TTFT at concurrency 1, the prefill of the same prompts
-(:attr:`CostPoint.gauge_ms`). Before fitting, each trial's time per token is brought to the
+apart from its configuration: the prefill of the same prompts at concurrency 1, by the engine
+core's own timing where vLLM reports it (:attr:`CostPoint.prefill_ms`), else the client's
+median TTFT (:attr:`CostPoint.gauge_ms`), which on a host short of CPU also carries the API
+server's delivery of the first token (:func:`gauged_speeds`). Before fitting, each trial's time per token is brought to the
 typical engine of its proposer by the ratio of the typical gauge to its own
 (:func:`at_typical_speed`): a slow engine no longer reads as a dear configuration. Gauges are
 compared within a proposer only (a draft model's prefill, and n-gram's first step, take their
@@ -26,8 +28,8 @@ prefill does not depend on ``k`` and the typical gauge is the proposer's median;
 (a draft model, EAGLE, MTP) runs its ``k`` passes inside the prefill's step, before the first
 token returns, so its typical gauge is a robust line over ``k`` (Theil-Sen).
 
-How much the gauge tells depends on the machine: where engines drift, a start's TTFT follows
-its decode speed; on a steadier one the TTFT wanders on its own, and scaling by it adds noise.
+How much the gauge tells depends on the machine: where engines drift, a start's prefill follows
+its decode speed; on a steadier one the prefill wanders on its own, and scaling by it adds noise.
 So the speeds count to a power in [0, 1] that the study's own trials choose
 (:func:`gauge_weight`): the one under which the proposers' cost fits leave the least residual
 (on the recorded landscapes' first starts 0.75-1.0 on the EPYC's and the busier Xeon's, 0.13
@@ -127,8 +129,8 @@ def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
     """How far the engines' gauges tell their speed on this machine, from ``points`` (a study's
     trials): the power ``w`` in [0, 1] of the gauged speeds (:func:`at_typical_speed`) under which
     the proposers' cost fits (:func:`fit_cost`) leave the least squared log residual over the
-    proposers with gauged trials (module docstring). 1: a trial whose TTFT says its engine ran
-    10 % fast ran its tokens 10 % fast; 0: the TTFT varies apart from the decode speed, and
+    proposers with gauged trials (module docstring). 1: a trial whose gauge says its engine ran
+    10 % fast ran its tokens 10 % fast; 0: the gauge varies apart from the decode speed, and
     scaling by it would add noise. 1 (as before the weight) while fewer than
     :data:`MIN_WEIGHT_POINTS` trials belong to proposers with a typical gauge.
 

@@ -1,7 +1,8 @@
 """A trial's cost point, and how fast its engine ran: engines of one configuration differ by more
-than configurations do on shared CPUs; the prefill of the same prompts at concurrency 1 (the
-median TTFT) gauges each engine's speed, so that each trial is brought to its proposer's typical
-engine before the cost model is fitted (:mod:`spectune.predict._cost`)."""
+than configurations do on shared CPUs; the prefill of the same prompts at concurrency 1 gauges
+each engine's speed (the engine core's own mean prefill where vLLM reports it, else the client's
+median TTFT), so that each trial is brought to its proposer's typical engine before the cost
+model is fitted (:mod:`spectune.predict._cost`)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,12 @@ class CostPoint:
     noise: float = 0.0
     """Relative noise of this trial's TPOT (spread of its windows)."""
     gauge_ms: float | None = None
-    """How long this trial's engine took for what no configuration of its proposer changes (the
-    median TTFT at concurrency 1); None where no such gauge is known."""
+    """How long this trial's engine took for what no configuration of its proposer changes, as
+    the client saw it (the median TTFT at concurrency 1, :func:`engine_gauge_ms`); None where no
+    such gauge is known."""
+    prefill_ms: float | None = None
+    """The same by the engine core's own timing (:func:`engine_prefill_ms`), the gauge
+    :func:`gauged_speeds` prefers; None where vLLM reported none."""
 
     @property
     def d(self) -> float:
@@ -63,14 +68,17 @@ class CostPoint:
                 return None
             time_ms = t0 * throughput_of.output_throughput / m.output_throughput
         return cls(spec.method, spec.model, k, time_ms, profile.tokens_per_step, spec.label(),
-                   drafted=profile.drafted_per_step, noise=_noise(m), gauge_ms=engine_gauge_ms(m))
+                   drafted=profile.drafted_per_step, noise=_noise(m), gauge_ms=engine_gauge_ms(m),
+                   prefill_ms=engine_prefill_ms(m))
 
 
 MAX_GAUGE_RATIO = 1.5
 """A gauge further than this factor from its proposer's typical one is a hiccup of the prefill,
 not the engine's speed, and is not scaled by: on the recorded landscapes two starts of one
 configuration took up to 1.45x the TTFT of each other where their throughput followed, while a
-few starts took 4-9x the typical TTFT at a typical throughput."""
+few starts took 4-9x the typical TTFT at a typical throughput (where the engine core's own
+timing was recorded, its prefill of such starts was typical: their TTFT was the API server's
+delivery)."""
 
 
 def engine_gauge_ms(m: Measurement) -> float | None:
@@ -105,7 +113,12 @@ def at_typical_speed(points: Sequence[CostPoint], weight: float = 1.0) -> list[C
 
 
 def gauged_speeds(points: Sequence[CostPoint]) -> list[float]:
-    return engine_speeds([(p.method, p.model, p.k, p.gauge_ms) for p in points])
+    """Each point's engine speed (:func:`engine_speeds`) by the engine core's own prefill where
+    every point has it, else by the client's median TTFT: the engine's prefill leaves out what
+    the API server adds, which on a host short of CPU is the delivery's (tokens sent in bursts),
+    not the engine's. One gauge for all points: the two are not on one scale."""
+    by_engine = all(p.prefill_ms for p in points)
+    return engine_speeds([(p.method, p.model, p.k, p.prefill_ms if by_engine else p.gauge_ms) for p in points])
 
 
 def brought_to_speed(points: Sequence[CostPoint], speeds: Sequence[float], weight: float) -> list[CostPoint]:

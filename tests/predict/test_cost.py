@@ -224,6 +224,19 @@ def test_the_gauge_counts_as_far_as_the_machine_shows_it_tells_the_engines_speed
     assert fit_cost_model(t0, 100.0, half).proposers[(Method.NGRAM, None)].c == pytest.approx(0.2, abs=1e-3)
 
 
+def test_the_engine_cores_own_prefill_gauges_the_engines_where_every_trial_has_it() -> None:
+    # the client's TTFT of the second trial is the API server's delivery (7x), not its engine;
+    # the engine core timed the third engine 25 % slow
+    ttft = (30.0, 210.0, 30.0, 31.0)
+    prefill = (20.0, 20.0, 25.0, 20.0)
+    points = [CostPoint(Method.NGRAM, None, k, 5.0, 2.0, f"n{k}", gauge_ms=g, prefill_ms=e)
+              for k, g, e in zip((1, 2, 3, 4), ttft, prefill, strict=True)]
+    assert [p.tpot_ms for p in at_typical_speed(points)] == pytest.approx([5.0, 5.0, 5.0 * 20 / 25, 5.0])
+    # one trial without the engine's timing: the client's TTFT for all, the 7x read as a hiccup
+    mixed = [*points[:3], dataclasses.replace(points[3], prefill_ms=None)]
+    assert [p.tpot_ms for p in at_typical_speed(mixed)] == pytest.approx([5.0 * 30.5 / 30, 5.0, 5.0 * 30.5 / 30, 5.0 * 30.5 / 31])
+
+
 def test_gauges_compare_within_a_proposer_and_along_a_model_drafters_k() -> None:
     ngram = [CostPoint(Method.NGRAM, None, k, 5.0, 2.0, f"n{k}", gauge_ms=g) for k, g in ((1, 32.0), (2, 40.0), (3, 52.0))]
     # two draft models of one method, each on engines of the same speed, prefills near n-gram's
