@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -153,10 +154,13 @@ def _typical_gauges(method: Method, ks: Sequence[int], gauges: Sequence[float]) 
     """The typical gauge at each trial's ``k`` (see :func:`engine_speeds`)."""
     if method.drafts_from_text or len(set(ks)) < 2:
         return [statistics.median(gauges)] * len(gauges)
+    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import TheilSenRegressor
 
     x = [[float(k)] for k in ks]
-    return [float(v) for v in TheilSenRegressor(random_state=0).fit(x, gauges).predict(x)]
+    with warnings.catch_warnings():  # its spatial median may stop short of its tolerance: still a robust line
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return [float(v) for v in TheilSenRegressor(random_state=0).fit(x, gauges).predict(x)]
 
 
 def engine_speed(gauge_ms: float | None, typical_ms: float | None) -> float:
