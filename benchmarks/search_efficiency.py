@@ -281,8 +281,8 @@ def target_noise(landscape: Landscape, objective: str) -> float | None:
     if spread is None:
         return None
     starts = landscape.starts(objective)
-    counts = [len(starts[p.label]) for p in landscape.by_key().values()
-              if p.measurement is not None and not p.measurement.spec.is_baseline and starts[p.label]]
+    counts = [len(starts[p.key]) for p in landscape.by_key().values()
+              if p.measurement is not None and not p.measurement.spec.is_baseline and starts[p.key]]
     return statistics.fmean(math.sqrt(2.0 / math.pi) * spread / math.sqrt(n) for n in counts) if counts else None
 
 
@@ -323,8 +323,8 @@ def _lag1(series: list[float]) -> float | None:
 def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[str, Any]:
     """How fast each engine was, apart from its configuration: the median TTFT of the same
     prompts, and the objective of each method brought to its proposer's typical engine by it, as
-    the cost model does (:func:`spectune.predict._cost.engine_speeds`; min, max per method; the
-    baseline as measured). With several engine starts
+    the cost model does where the trials lack the engine's own timing
+    (:func:`spectune.predict._cost.engine_speeds`; min, max per method; the baseline as measured). With several engine starts
     per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
     (``single_engine_error``), the same after bringing each start to the typical engine
     (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine;
@@ -361,11 +361,10 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
              for p in gauged if (m := p.measurement) is not None]), strict=True))
 
     engine, by_prefill = speeds_by(engine_gauge_ms), speeds_by(engine_prefill_ms)
-    prefills = [engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None]
-    has_prefill = any(prefills)
-    by_cost_model = by_prefill if all(prefills) else engine  # the gauge the cost model scales by (gauged_speeds)
+    has_prefill = any(engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None)
     t0, _, first = _first_start_points(landscape)
-    weight = gauge_weight(t0, first)
+    weight = gauge_weight(t0, first)  # of the gauge the cost model takes on the first starts (gauged_speeds):
+    by_cost_model = by_prefill if all(c.prefill_ms for c in first) else engine
 
     def scaled(p: LandscapePoint, w: float = 1.0, speeds: dict[int, float] = engine) -> float:
         value, s = speed[id(p)][0], speeds.get(id(p), 1.0) ** w  # a fast engine's throughput down, its latency up
@@ -398,8 +397,9 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
             errs.extend(abs(v / mean - 1.0) for v in values)
         deviations.extend((p.measurement.started_at, v / raw_mean - 1.0)
                           for p, (v, _) in ok if p.measurement is not None)
-        for j, v in enumerate(raw):
-            by_pass.setdefault(j, []).append(v / raw_mean - 1.0)
+        for j, p in enumerate(engines):  # the j-th start of the candidate, counting those that failed
+            if id(p) in speed:
+                by_pass.setdefault(j, []).append(speed[id(p)][0] / raw_mean - 1.0)
         ratios.append(max(raw) / min(raw))
     if ratios:
         out["spread"] = {"candidates": len(ratios), "single_engine_error": statistics.fmean(raw_err),
@@ -531,7 +531,8 @@ def evaluate(args: argparse.Namespace) -> None:
                 "grid_engine_seconds_ratio_band", "random_engine_seconds_ratio_band", "tpe_engine_seconds_ratio_band",
                 "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
                 "throughput_error", "throughput_error_first_engine", "throughput_target_noise"):
-        print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (a run never came within tolerance)")
+        print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (one start per candidate)"
+              if key == "throughput_target_noise" else f"{key}: - (a run never came within tolerance)")
     print(f"-> {args.out}")
 
 

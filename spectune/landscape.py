@@ -170,14 +170,16 @@ class Landscape(StrictModel):
         return {k: hw.get(k) for k in ("platform", "cpu", "cpu_count", "gpus")}
 
     def starts(self, objective: str) -> dict[str, list[float]]:
-        """Each candidate's ``objective`` on each of its measured engine starts, by its label
-        (empty for a candidate whose engines all failed)."""
-        return {starts[0].label: [v for p in starts if (v := self.value(p, objective)) is not None]
-                for starts in self.engines().values()}
+        """Each candidate's ``objective`` on each of its measured engine starts, by its key (as
+        :meth:`engines`: labels may collide); empty for a candidate whose engines all failed."""
+        return {key: [v for p in starts if (v := self.value(p, objective)) is not None]
+                for key, starts in self.engines().items()}
 
     def means(self, objective: str) -> dict[str, float]:
         """Each candidate's ``objective`` by its label: the mean over its measured engine starts."""
-        return {label: statistics.fmean(values) for label, values in self.starts(objective).items() if values}
+        engines = self.engines()
+        return {engines[key][0].label: statistics.fmean(values)
+                for key, values in self.starts(objective).items() if values}
 
     def engine_spread(self, objective: str) -> float | None:
         """The pooled relative standard deviation of one engine start of a candidate, as a study

@@ -10,7 +10,7 @@ import pytest
 from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
 from spectune.load import LoadResult, RequestRecord
 from spectune.measurement import SLO, Objective
-from spectune.results import StudyView
+from spectune.results import StudyView, pooled_spread
 from spectune.storage import MeasurementStore
 from spectune.trial import summarize
 
@@ -135,3 +135,10 @@ def test_memory_limits_are_constraints_relative_to_the_limit_and_named_when_brok
     assert fast.note == "breaks max_memory" and fast.memory == "3.00 GiB"
     choice = view.best()  # faster, but it does not fit: never chosen, and said so
     assert choice.is_baseline and "(1 that did break max_memory)" in choice.reason
+
+
+def test_the_engines_spread_pools_each_configurations_variance_by_its_degrees_of_freedom() -> None:
+    # (1, 1) has none; (1, 3) a variance of 2 over a squared mean of 4; (2,) one engine, no say;
+    # (4, 4, 4) none with two degrees of freedom: sqrt(0.5 / 4), not the mean of the spreads
+    assert pooled_spread([[1.0, 1.0], [1.0, 3.0], [2.0], [4.0, 4.0, 4.0]]) == pytest.approx((0.5 / 4) ** 0.5)
+    assert pooled_spread([[2.0], []]) is None

@@ -32,8 +32,9 @@ How much the gauge tells depends on the machine: where engines drift, a start's 
 its decode speed; on a steadier one the prefill wanders on its own, and scaling by it adds noise.
 So the speeds count to a power in [0, 1] that the study's own trials choose
 (:func:`gauge_weight`): the one under which the proposers' cost fits leave the least residual
-(on the recorded landscapes' first starts 0.75-1.0 on the EPYC's and the busier Xeon's, 0.13
-on the steadier Xeon of the default landscape).
+(on the recorded landscapes' first starts: of the client's TTFT 0.13 on the steadier Xeon of
+the default landscape, 0 on MT-Bench prompts, 0.75-1.0 on the others; of the engine's own
+prefill 0.65 on the one landscape that recorded it).
 
 ``t0`` is the baseline's median TPOT. ``c`` is fitted per proposer (method and draft model,
 falling back to the method with other models) by least squares over its measured trials, with
@@ -119,8 +120,9 @@ REL_NOISE = 0.02
 PRIOR_ENGINE_SPREAD = 0.10
 """How much two engine starts of one configuration are believed to differ (relative standard
 deviation) before the study has measured a configuration on two engines
-(:func:`spectune.results.engine_spread`): the pooled spread of the recorded landscapes with
-repeated starts lies between 4 and 16 % (half their noise bands, ``benchmarks/results/landscapes.json``).
+(:func:`spectune.results.engine_spread`): that pooled spread lies between 5 and 21 % on the
+recorded landscapes with repeated starts (:meth:`spectune.landscape.Landscape.engine_spread`;
+``benchmarks/results/landscapes.json``).
 It widens a cost fitted on one configuration measured on one engine (:func:`fit_cost`), whose
 windows alone tell nothing of how fast its engine ran."""
 

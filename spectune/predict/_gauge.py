@@ -96,7 +96,8 @@ def engine_prefill_ms(m: Measurement) -> float | None:
     """The engine core's own mean prefill of the trial's headline windows where requests ran one
     at a time (:attr:`~spectune.measurement.Measurement.engine_timing`): the gauge of
     :func:`engine_gauge_ms` without the API server's share (tokenising, delivering the first
-    token). None at other concurrencies, as there, or without the engine's histograms."""
+    token). None where the headline windows ran at another concurrency (the TTFT still gauges a
+    sweep from its level 1), or without the engine's histograms."""
     timing = m.engine_timing
     prefill = timing.prefill_ms if timing is not None and m.concurrency == 1 else None
     return prefill if prefill is not None and prefill > 0 else None

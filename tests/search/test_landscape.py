@@ -49,7 +49,7 @@ def test_a_landscape_with_several_engine_starts_replays_them_in_turn_and_knows_t
     # as a study pools its own: the standard deviation of (v, v/2) over their mean, sqrt(2)/3
     assert two.engine_spread("output_throughput") == pytest.approx(2**0.5 / 3)
     assert landscape.engine_spread("output_throughput") is None
-    assert two.starts("output_throughput")["suffix k=8"] == pytest.approx([first, first * 0.5])
+    assert two.starts("output_throughput")[two.point(spec).key] == pytest.approx([first, first * 0.5])  # type: ignore[union-attr]
     other = landscape.model_copy(update={"study_config": {**landscape.study_config,
                                                           "workload": {"source": "mtbench"}}})
     with pytest.raises(ConfigError, match="their workload differ"):
