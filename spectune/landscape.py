@@ -193,7 +193,10 @@ class Landscape(StrictModel):
         """How far two candidates' means may lie apart and still be told apart by nothing but
         engine starts: twice the pooled relative spread of one engine start around its candidate's
         mean (over the candidates with several measured starts), at least ``floor`` (the noise of
-        one measurement; ``floor`` alone for a landscape of one start per candidate)."""
+        one measurement; ``floor`` alone for a landscape of one start per candidate). The spread
+        here is each start's squared distance from its candidate's mean, averaged over the
+        starts; :meth:`engine_spread` divides by the degrees of freedom instead, as a study does,
+        and is larger by up to sqrt(2) with two starts per candidate."""
         dev = []
         for values in self.starts(objective).values():
             if len(values) > 1:
