@@ -346,6 +346,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         engine_speeds,
         gauge_weight,
     )
+    from spectune.predict._gauge import gauges_by_engine_prefill
 
     speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
     for p in landscape.points:
@@ -364,7 +365,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     has_prefill = any(engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None)
     t0, _, first = _first_start_points(landscape)
     weight = gauge_weight(t0, first)  # of the gauge the cost model takes on the first starts (gauged_speeds):
-    by_cost_model = by_prefill if all(c.prefill_ms for c in first) else engine
+    by_cost_model = by_prefill if gauges_by_engine_prefill(first) else engine
 
     def scaled(p: LandscapePoint, w: float = 1.0, speeds: dict[int, float] = engine) -> float:
         value, s = speed[id(p)][0], speeds.get(id(p), 1.0) ** w  # a fast engine's throughput down, its latency up

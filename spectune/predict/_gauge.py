@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from spectune.measurement import Measurement
 
 __all__ = ["MAX_GAUGE_RATIO", "MIN_GAUGES", "CostPoint", "at_typical_speed", "engine_gauge_ms", "engine_prefill_ms",
-           "engine_speed", "engine_speeds", "brought_to_speed", "gauged_speeds"]
+           "engine_speed", "engine_speeds", "brought_to_speed", "gauged_speeds", "gauges_by_engine_prefill"]
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,14 @@ def gauged_speeds(points: Sequence[CostPoint]) -> list[float]:
     every point has it, else by the client's median TTFT: the engine's prefill leaves out what
     the API server adds, which on a host short of CPU is the delivery's (tokens sent in bursts),
     not the engine's. One gauge for all points: the two are not on one scale."""
-    by_engine = all(p.prefill_ms for p in points)
+    by_engine = gauges_by_engine_prefill(points)
     return engine_speeds([(p.method, p.model, p.k, p.prefill_ms if by_engine else p.gauge_ms) for p in points])
+
+
+def gauges_by_engine_prefill(points: Sequence[CostPoint]) -> bool:
+    """Whether :func:`gauged_speeds` gauges ``points`` by the engine core's own prefill (every
+    point has it) rather than by the client's TTFT."""
+    return all(p.prefill_ms for p in points)
 
 
 def brought_to_speed(points: Sequence[CostPoint], speeds: Sequence[float], weight: float) -> list[CostPoint]:
