@@ -537,6 +537,31 @@ def evaluate(args: argparse.Namespace) -> None:
     print(f"-> {args.out}")
 
 
+def starts(args: argparse.Namespace) -> None:
+    """Every recorded engine start of the landscape's candidates (those whose label contains one
+    of ``--config``, all without it), in recording order: its objective, the client's median
+    TTFT and the engine core's own prefill (:func:`spectune.predict.engine_prefill_ms`; - where
+    not recorded) and its engine seconds; a failed start with its error. The per-start figures
+    behind ``engine_speed`` of ``evaluate``, read from the file alone."""
+    from spectune.predict import engine_prefill_ms
+
+    landscape = Landscape.load(args.landscape)
+    objective = landscape.config().objectives[0].value
+    print(f"{'configuration':<34} {'start':>5} {objective:>18} {'TTFT ms':>8} {'prefill ms':>10} {'engine s':>8}")
+    for engines in landscape.engines().values():
+        label = engines[0].label
+        if args.config and not any(c in label for c in args.config):
+            continue
+        for j, p in enumerate(engines, 1):
+            m = p.measurement
+            if m is None:
+                print(f"{label:<34} {j:>5} failed: {p.error}")
+                continue
+            value, prefill = landscape.value(p, objective), engine_prefill_ms(m)
+            print(f"{label:<34} {j:>5} {value:>18.4g} {m.ttft_ms.median or math.nan:>8.1f} "
+                  f"{'-' if prefill is None else f'{prefill:.1f}':>10} {p.engine_seconds:>8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -557,12 +582,16 @@ def main() -> None:
     ev.add_argument("--out", type=Path, default=DEFAULT_OUTPUT)
     ev.add_argument("--no-draft-replay", action="store_true",
                     help="leave the models where they were recorded: the draft is predicted from its trials")
+    st = sub.add_parser("starts", help="print every recorded engine start of a landscape's candidates")
+    st.add_argument("landscape", type=Path, nargs="?", default=DEFAULT_LANDSCAPE)
+    st.add_argument("--config", action="append",
+                    help="only candidates whose label contains this (repeatable), e.g. 'none' or 'suffix k=16'")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from spectune.errors import SpectuneError
 
     try:
-        record(args) if args.command == "record" else evaluate(args)
+        {"record": record, "evaluate": evaluate, "starts": starts}[args.command](args)
     except SpectuneError as e:
         raise SystemExit(f"error: {e}") from None
 

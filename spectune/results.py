@@ -203,8 +203,10 @@ class StudyView:
         self.objectives: list[str] = list(StudyRecord.of(study).objectives or study.metric_names or ["value"])
         self.directions = [d.name.lower() for d in study.directions]
         ids = store.trial_ids(study.study_name)
+        self._engines: dict[bool, list[Engines]] = {}  # engines(), by confirmations, over the rows as they are
         self.rows = [_row(t, ids.get(t.number)) for t in study.get_trials(deepcopy=False)]
         self.rows = self.speedups()
+        self._engines.clear()  # the rows now carry their speedups
 
     @property
     def maximize(self) -> bool:
@@ -282,13 +284,17 @@ class StudyView:
         """Every completed configuration with its measurements on each engine, in trial order
         (:meth:`measured_rows`). Once some configuration was measured on two engines, one
         measured on a single engine is as uncertain as engines differ: its noise is at least
-        :func:`engine_spread`."""
+        :func:`engine_spread`. Built once per view and ``confirmations``."""
+        if (known := self._engines.get(confirmations)) is not None:
+            return list(known)
         groups: dict[str, list[TrialRow]] = {}
         for r in self.measured_rows(confirmations=confirmations):
             groups.setdefault(r.config_key, []).append(r)
         configs = [Engines.of(rows) for rows in groups.values()]
         spread = engine_spread(configs) or 0.0
-        return [replace(c, noise=max(c.noise, spread)) if len(c.values) == 1 else c for c in configs]
+        self._engines[confirmations] = [replace(c, noise=max(c.noise, spread)) if len(c.values) == 1 else c
+                                        for c in configs]
+        return list(self._engines[confirmations])
 
     def best(self) -> Choice:
         """The best feasible configuration, or the baseline when nothing beats it beyond noise.

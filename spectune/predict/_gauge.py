@@ -79,7 +79,8 @@ not the engine's speed, and is not scaled by: on the recorded landscapes two sta
 configuration took up to 1.45x the TTFT of each other where their throughput followed, while a
 few starts took 4-9x the typical TTFT at a typical throughput (where the engine core's own
 timing was recorded, its prefill of such starts was typical: their TTFT was the API server's
-delivery)."""
+delivery). ``benchmarks/search_efficiency.py starts LANDSCAPE`` prints each recorded start's TTFT
+beside its prefill."""
 
 
 def engine_gauge_ms(m: Measurement) -> float | None:
