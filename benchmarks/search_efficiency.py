@@ -330,8 +330,8 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine;
     ``engine_prefill_scaled_single_engine_error`` by the engine core's own prefill instead,
     :func:`spectune.predict.engine_prefill_ms`, None on a landscape recorded without it; and
-    ``weighted_single_engine_error``, by the cost model's gauge (the engine's prefill where every
-    start has it, :func:`spectune.predict._gauge.gauged_speeds`) at the power it gives that gauge on
+    ``weighted_single_engine_error``, by the cost model's gauge (the engine's prefill for a
+    proposer whose every first start has it, :func:`spectune.predict._gauge.gauged_speeds`) at the power it gives that gauge on
     the first starts, ``gauge_weight``, :func:`spectune.predict._cost.gauge_weight`), the largest
     max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
     start's deviation from its candidate's mean with that of the start recorded next, whatever
@@ -346,7 +346,7 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
         engine_speeds,
         gauge_weight,
     )
-    from spectune.predict._gauge import gauges_by_engine_prefill
+    from spectune.predict._gauge import proposers_gauged_by_prefill
 
     speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
     for p in landscape.points:
@@ -365,7 +365,9 @@ def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[
     has_prefill = any(engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None)
     t0, _, first = _first_start_points(landscape)
     weight = gauge_weight(t0, first)  # of the gauge the cost model takes on the first starts (gauged_speeds):
-    by_cost_model = by_prefill if gauges_by_engine_prefill(first) else engine
+    on_prefill = proposers_gauged_by_prefill(first)
+    by_cost_model = {id(p): (by_prefill if (m.spec.method, m.spec.model) in on_prefill else engine)[id(p)]
+                     for p in gauged if (m := p.measurement) is not None}
 
     def scaled(p: LandscapePoint, w: float = 1.0, speeds: dict[int, float] = engine) -> float:
         value, s = speed[id(p)][0], speeds.get(id(p), 1.0) ** w  # a fast engine's throughput down, its latency up

@@ -17,8 +17,8 @@ at several ``d`` (:func:`fit_cost`).
 Engines of one configuration differ in speed from one start to the next (on shared CPUs by
 10-20 %, more than many configurations differ). Each trial carries a gauge of its engine's speed
 apart from its configuration: the prefill of the same prompts at concurrency 1, by the engine
-core's own timing where vLLM reports it (:attr:`CostPoint.prefill_ms`), else the client's
-median TTFT (:attr:`CostPoint.gauge_ms`), which on a host short of CPU also carries the API
+core's own timing for a proposer whose every trial has it (:attr:`CostPoint.prefill_ms`), else the
+client's median TTFT (:attr:`CostPoint.gauge_ms`), which on a host short of CPU also carries the API
 server's delivery of the first token (:func:`gauged_speeds`). Before fitting, each trial's time per token is brought to the
 typical engine of its proposer by the ratio of the typical gauge to its own
 (:func:`at_typical_speed`): a slow engine no longer reads as a dear configuration. Gauges are

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from spectune.measurement import Measurement
 
 __all__ = ["MAX_GAUGE_RATIO", "MIN_GAUGES", "CostPoint", "at_typical_speed", "engine_gauge_ms", "engine_prefill_ms",
-           "engine_speed", "engine_speeds", "brought_to_speed", "gauged_speeds", "gauges_by_engine_prefill"]
+           "engine_speed", "engine_speeds", "brought_to_speed", "gauged_speeds", "proposers_gauged_by_prefill"]
 
 
 @dataclass(frozen=True)
@@ -116,18 +116,25 @@ def at_typical_speed(points: Sequence[CostPoint], weight: float = 1.0) -> list[C
 
 
 def gauged_speeds(points: Sequence[CostPoint]) -> list[float]:
-    """Each point's engine speed (:func:`engine_speeds`) by the engine core's own prefill where
-    every point has it, else by the client's median TTFT: the engine's prefill leaves out what
-    the API server adds, which on a host short of CPU is the delivery's (tokens sent in bursts),
-    not the engine's. One gauge for all points: the two are not on one scale."""
-    by_engine = gauges_by_engine_prefill(points)
-    return engine_speeds([(p.method, p.model, p.k, p.prefill_ms if by_engine else p.gauge_ms) for p in points])
+    """Each point's engine speed (:func:`engine_speeds`) by the engine core's own prefill for a
+    proposer whose every point has it, else by the client's median TTFT: the engine's prefill
+    leaves out what the API server adds, which on a host short of CPU is the delivery's (tokens
+    sent in bursts), not the engine's. One gauge per proposer, since its points are compared with
+    each other only and the two gauges are not on one scale; one trial without the engine's
+    timing (a vLLM that did not report it) then costs its own proposer the better gauge, not the
+    study."""
+    by_prefill = proposers_gauged_by_prefill(points)
+    return engine_speeds([(p.method, p.model, p.k, p.prefill_ms if (p.method, p.model) in by_prefill else p.gauge_ms)
+                          for p in points])
 
 
-def gauges_by_engine_prefill(points: Sequence[CostPoint]) -> bool:
-    """Whether :func:`gauged_speeds` gauges ``points`` by the engine core's own prefill (every
-    point has it) rather than by the client's TTFT."""
-    return all(p.prefill_ms for p in points)
+def proposers_gauged_by_prefill(points: Sequence[CostPoint]) -> set[tuple[Method, str | None]]:
+    """The proposers (method, draft model) that :func:`gauged_speeds` gauges by the engine core's
+    own prefill rather than by the client's TTFT: those whose every point has it."""
+    has: dict[tuple[Method, str | None], bool] = {}
+    for p in points:
+        has[(p.method, p.model)] = has.get((p.method, p.model), True) and bool(p.prefill_ms)
+    return {proposer for proposer, every in has.items() if every}
 
 
 def brought_to_speed(points: Sequence[CostPoint], speeds: Sequence[float], weight: float) -> list[CostPoint]:

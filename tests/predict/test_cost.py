@@ -30,6 +30,7 @@ from spectune.predict import (
     leviathan_expected_tokens,
 )
 from spectune.predict._cost import PRIOR_SPREAD
+from spectune.predict._gauge import proposers_gauged_by_prefill
 
 
 def test_cost_model_recovers_c() -> None:
@@ -224,7 +225,7 @@ def test_the_gauge_counts_as_far_as_the_machine_shows_it_tells_the_engines_speed
     assert fit_cost_model(t0, 100.0, half).proposers[(Method.NGRAM, None)].c == pytest.approx(0.2, abs=1e-3)
 
 
-def test_the_engine_cores_own_prefill_gauges_the_engines_where_every_trial_has_it() -> None:
+def test_the_engine_cores_own_prefill_gauges_a_proposer_whose_every_trial_has_it() -> None:
     # the client's TTFT of the second trial is the API server's delivery (7x), not its engine;
     # the engine core timed the third engine 25 % slow
     ttft = (30.0, 210.0, 30.0, 31.0)
@@ -235,6 +236,14 @@ def test_the_engine_cores_own_prefill_gauges_the_engines_where_every_trial_has_i
     # one trial without the engine's timing: the client's TTFT for all, the 7x read as a hiccup
     mixed = [*points[:3], dataclasses.replace(points[3], prefill_ms=None)]
     assert [p.tpot_ms for p in at_typical_speed(mixed)] == pytest.approx([5.0 * 30.5 / 30, 5.0, 5.0 * 30.5 / 30, 5.0 * 30.5 / 31])
+    # ... of that proposer only: suffix decoding's trials, all timed by the engine core, keep its
+    # prefill (its TTFTs would have read the 30 % slow engine as fast)
+    suffix = [CostPoint(Method.SUFFIX, None, k, 4.0, 2.0, f"s{k}", gauge_ms=g, prefill_ms=e)
+              for k, g, e in zip((4, 8, 16), (40.0, 30.0, 40.0), (20.0, 26.0, 20.0), strict=True)]
+    both = at_typical_speed([*mixed, *suffix])
+    assert [p.tpot_ms for p in both[:4]] == pytest.approx([p.tpot_ms for p in at_typical_speed(mixed)])
+    assert [p.tpot_ms for p in both[4:]] == pytest.approx([4.0, 4.0 * 20 / 26, 4.0])
+    assert proposers_gauged_by_prefill([*mixed, *suffix]) == {(Method.SUFFIX, None)}
 
 
 def test_gauges_compare_within_a_proposer_and_along_a_model_drafters_k() -> None:
