@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
 
@@ -22,8 +22,8 @@ from spectune.predict._replay import (
     recorded_pairs,
 )
 
-__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DRAFT_REPLAY_SPREAD", "DraftGuesses", "DraftReplays", "draft_guesses",
-           "replay_draft"]
+__all__ = ["DRAFT_REPLAY_MAX_BYTES", "DRAFT_REPLAY_SPREAD", "HEAD_REPLAY_DEPTH", "DraftGuesses", "DraftReplays",
+           "HeadChains", "draft_guesses", "head_chains", "replay_draft", "replay_head"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,17 @@ class DraftGuesses:
 
     requests: tuple[tuple[int, tuple[int, ...], tuple[int, ...]], ...]
     """``(prompt length, output, guesses)`` per request."""
+
+
+@dataclass(frozen=True)
+class HeadChains:
+    """What an EAGLE-3 head drafts along recorded target outputs: for each request, the prompt's
+    length, the output and ``chain[n]``, the head's greedy chain after ``prompt + output[:n]``
+    (``n`` from 0; empty where nothing is drafted), as deep as the recorded output allows
+    (:func:`head_chains`)."""
+
+    requests: tuple[tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...]], ...]
+    """``(prompt length, output, chains)`` per request."""
 
 
 _TORCH_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16",
@@ -76,6 +87,50 @@ def draft_guesses(requests: Iterable[ReplayRequest], model: str, *, dtype: str |
             logits = draft(input_ids=ids, logits_to_keep=len(output) + 1).logits[0]
             out.append((len(prompt), tuple(output), tuple(int(t) for t in logits.argmax(-1).tolist())))
     return DraftGuesses(tuple(out))
+
+
+HEAD_REPLAY_DEPTH = 8
+"""Deepest chain :func:`head_chains` computes: replays of every ``k`` up to it."""
+
+
+def head_chains(requests: Iterable[ReplayRequest], head: str, target: str, *, dtype: str | None = None,
+                depth: int = HEAD_REPLAY_DEPTH) -> HeadChains:
+    """Run the target (transformers) once over each request's prompt and recorded output for its
+    auxiliary hidden states, then the EAGLE-3 ``head`` over them: its greedy chain of ``depth``
+    drafts at every decode step (vLLM's proposer, :mod:`spectune.predict._eagle3`).
+
+    While a chain's drafts are accepted they are the target's own tokens, so the chain is read
+    with the recorded tokens as its inputs; past the recorded output it stops. ``dtype`` is the
+    engine's; both models run on the CPU, one request at a time.
+
+    Raises:
+        ImportError: torch, transformers or safetensors is not installed.
+        OSError, ValueError: a model cannot be loaded, or the head is not one replay runs.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from spectune._hf import dtype_kwarg, quiet_transformers
+    from spectune.predict._eagle3 import load_head, target_features
+
+    torch_dtype = getattr(torch, _TORCH_DTYPES.get(dtype or "float32", "float32"))
+    with quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(target, **dtype_kwarg(torch_dtype))
+    model.eval()
+    drafter = load_head(head, torch_dtype)
+    out = []
+    with torch.inference_mode():
+        for prompt, output in (pair for pair in recorded_pairs(requests) if pair[1]):
+            ids = torch.tensor(prompt + output, dtype=torch.long)
+            features, _ = target_features(model, ids, drafter.shape.layer_ids)
+            tokens = torch.cat([ids, torch.zeros(depth, dtype=torch.long)])[None]
+            first = len(prompt) - 1  # the start of n = 1: the head reads output[0] at position P - 1
+            logits = drafter.chain_logits(features[None, :-1], tokens, depth, first=first)
+            drafts = torch.stack([drafter.to_target(lg[0].argmax(-1)) for lg in logits], dim=1).tolist()
+            length = len(prompt) + len(output)
+            chains = [()] + [tuple(drafts[i][: max(0, length - 1 - (first + i))]) for i in range(len(drafts))]
+            out.append((len(prompt), tuple(output), tuple(chains)))
+    return HeadChains(tuple(out))
 
 
 DRAFT_REPLAY_SPREAD = 0.02
@@ -164,14 +219,36 @@ def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = N
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    return _replay_proposals(((p, o, lambda n, room, g=g: g[n: n + room]) for p, o, g in guesses.requests),
+                             k, max_model_len)
+
+
+def replay_head(chains: HeadChains, k: int, *, max_model_len: int | None = None) -> ReplayAcceptance:
+    """What vLLM's EAGLE-3 proposer drafts and has accepted with ``k`` tokens, from the head's
+    chains along the recorded outputs (:func:`head_chains`, at least ``k`` deep). Exact up to the
+    numerics of the two implementations, as :func:`replay_draft`.
+
+    Raises:
+        ValueError: ``k < 1``.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return _replay_proposals(((p, o, lambda n, room, c=c: c[n][:room]) for p, o, c in chains.requests),
+                             k, max_model_len)
+
+
+def _replay_proposals(requests: Iterable[tuple[int, Sequence[int], Any]], k: int,
+                      max_model_len: int | None) -> ReplayAcceptance:
+    """Step through each request as the engine does; ``propose(n, room)`` gives the known
+    drafts after ``prompt + output[:n]`` (at most ``room``)."""
     limit = max_model_len or UNLIMITED_MODEL_LEN
     tally = Tally(k)
-    for prompt_len, output, guess in guesses.requests:
+    for prompt_len, output, propose in requests:
         tally.requests += 1
         n = 1
         while n < len(output):
             room = min(k, limit - prompt_len - n - 1)  # the scheduler's cap near max_model_len
-            known = guess[n : n + max(room, 0)]
+            known = propose(n, max(room, 0))
             draft = (*known, *([-1] * (room - len(known))))  # past the recorded output: unknown, never equal
             n += tally.step(draft, output, n)
     return tally.result(spread=DRAFT_REPLAY_SPREAD)

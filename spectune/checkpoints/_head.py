@@ -1,0 +1,443 @@
+"""EAGLE-3 heads trained here, on the CPU or a GPU, in speculators' checkpoint format.
+
+The recipe, for any Llama- or Qwen-shaped target transformers loads:
+
+1. **Data.** The target's own greedy answers to the prompts (transformers, float32), then one
+   teacher-forced pass over each prompt and answer keeping the residual stream entering three
+   of its layers (:func:`~spectune.predict._eagle3.aux_layer_ids`: vLLM's default where it is
+   well defined) and its argmax at every position. Only the last ``window`` positions of each
+   sequence are kept.
+2. **Head.** One Llama decoder layer over ``[embedding, fc(aux states)]``
+   (:class:`~spectune.predict._eagle3.Eagle3Head`, vLLM's forward), its embeddings the target's
+   (frozen), its ``lm_head`` the target's rows of the draft vocabulary: every token, or the
+   ``draft_vocab_size`` most frequent among the target's argmax tokens, with speculators' maps
+   ``d2t`` and ``t2d``.
+3. **Training.** Cross-entropy to the target's argmax at each depth of the chain (EAGLE-3's
+   training-time test, ``ttt_steps`` deep, later depths weighted down), AdamW with a one-cycle
+   schedule. speculators' own trainer needs CUDA (a Triton loss, flex attention's backward), so
+   this loop is spectune's; the forward is vLLM's, so what trains here is what the engine runs.
+4. **Format.** The weights go through speculators' ``Eagle3DraftModel.save_pretrained``:
+   ``config.json`` with ``speculators_model_type: eagle3``, the verifier's name and the
+   auxiliary layer ids, and ``model.safetensors``, which vLLM serves with ``method: eagle3``.
+
+A build is resumable: its data and every ``SAVE_EVERY`` steps of training are kept in
+``.<name>.resume/`` beside the destination until the head is in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spectune._hf import dtype_kwarg, quiet_transformers
+from spectune._util import ProgressHook, silent
+from spectune.checkpoints._cache import (
+    import_checkpoint_deps,
+    lock,
+    read_json,
+    remove_stale,
+    swap_in,
+    versions,
+    write_json,
+)
+from spectune.errors import ConfigError, SpectuneError
+
+__all__ = ["HEAD_MARKER", "HEAD_RECIPE", "HeadTraining", "build_eagle3_head", "head_name"]
+
+logger = logging.getLogger(__name__)
+
+HEAD_MARKER = "spectune-head.json"
+"""Marker file written last into a finished head folder."""
+
+# Changing any value changes the marker, so an existing head is rebuilt on the next call.
+HEAD_RECIPE: dict[str, Any] = {
+    "format": 1,
+    "data": "target's greedy answers (transformers, float32), aux states and argmax by teacher forcing",
+    "architecture": "speculators Eagle3DraftModel, one Llama decoder layer, embeddings frozen",
+    "loss": "cross-entropy to the target's argmax per chain depth, weight decay^(depth-1)",
+    "optimizer": "AdamW, one-cycle schedule, gradient norm clipped at 1",
+}
+
+SAVE_EVERY = 50
+"""Training steps between two saves of the resumable state."""
+
+
+@dataclass(frozen=True)
+class HeadTraining:
+    """How a head is trained: the knobs of :data:`HEAD_RECIPE`."""
+
+    steps: int = 600
+    batch_size: int = 16
+    window: int = 128
+    ttt_steps: int = 3
+    ttt_decay: float = 0.8
+    lr: float = 3e-3
+    max_new_tokens: int = 64
+    draft_vocab_size: int | None = None
+    """None: the target's whole vocabulary."""
+    seed: int = 0
+
+
+def head_name(target: Path | str, workload: str | None = None) -> str:
+    """``<target name>-eagle3``, or ``<target name>-eagle3-<workload>`` for a workload's head."""
+    base = f"{Path(str(target).rstrip('/')).name}-eagle3"
+    return f"{base}-{workload}" if workload else base
+
+
+def _digest(texts: Sequence[Any]) -> str:
+    return hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()[:16]
+
+
+def _target_identity(target: Path) -> dict[str, Any]:
+    weights = sorted(target.glob("*.safetensors")) + sorted(target.glob("*.bin"))
+    return {"path": str(target.resolve()),
+            "weights": [{"file": w.name, "size": w.stat().st_size, "mtime_ns": w.stat().st_mtime_ns} for w in weights]}
+
+
+def build_eagle3_head(
+    target: Path,
+    prompts: Sequence[str],
+    dest: Path,
+    *,
+    training: HeadTraining = HeadTraining(),
+    verifier_name: str | None = None,
+    threads: int | None = None,
+    force: bool = False,
+    progress: ProgressHook | None = None,
+) -> Path:
+    """Train (once) an EAGLE-3 head for the transformers model in ``target`` on its own greedy
+    answers to ``prompts`` (texts, sent as vLLM's completions API sends them); write it to
+    ``dest`` in speculators' format and return ``dest``.
+
+    ``verifier_name`` is the target's name the head records (default: ``target``'s path).
+    ``threads`` torch threads (default: every core). Runs on a GPU when torch sees one.
+    Idempotent (marker :data:`HEAD_MARKER` with the request), atomic (a temporary folder renamed
+    into place under a lock), resumable (see the module docstring). ``progress`` hears each
+    phase and counts prompts and training steps.
+
+    Raises:
+        ConfigError: no model in ``target``, no prompts, speculators or torch missing.
+        SpectuneError: training or saving failed, or ``dest`` cannot be written.
+    """
+    target = Path(target).expanduser()
+    if not (target / "config.json").is_file():
+        raise ConfigError(f"{target}: no target model there (no config.json)")
+    if not prompts:
+        raise ConfigError("no prompts to train the head on")
+    if training.steps < 1:
+        raise ConfigError(f"steps must be at least 1, got {training.steps}")
+    dest = Path(dest).expanduser()
+    request = {"builder": "spectune.checkpoints.build_eagle3_head", "target": _target_identity(target),
+               "verifier": verifier_name or str(target.resolve()), "prompts": _digest(prompts),
+               "num_prompts": len(prompts), "training": training.__dict__, "recipe": HEAD_RECIPE}
+    request = json.loads(json.dumps(request))
+    if not force and _is_built(dest, request):
+        return dest
+    hook = progress or silent
+    hook("importing torch and transformers", 0, 0)
+    import_checkpoint_deps()
+    _import_speculators()
+    parent, name = dest.parent, dest.name
+    prefix = f".{name}.build-"
+    try:
+        with lock(parent, f".{name}.lock"):
+            if not force and _is_built(dest, request):
+                return dest
+            remove_stale(parent, prefix)
+            resume = parent / f".{name}.resume"
+            if read_json(resume / "request.json") != request:
+                shutil.rmtree(resume, ignore_errors=True)
+            resume.mkdir(parents=True, exist_ok=True)
+            write_json(resume / "request.json", request)
+            t0 = time.perf_counter()
+            work = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            try:
+                out = work / name
+                try:
+                    marker = _build_into(target, list(prompts), out, resume, training,
+                                         request["verifier"], threads or os.cpu_count() or 1, hook)
+                except (OSError, SpectuneError):
+                    raise
+                except Exception as e:  # foreign errors from torch/transformers, at the border
+                    raise SpectuneError(f"training the head for {target.name} failed: {type(e).__name__}: {e}") from e
+                marker.update(request=request, build_seconds=round(time.perf_counter() - t0, 1))
+                write_json(out / HEAD_MARKER, marker)  # last: marks a finished head
+                swap_in(out, dest, work / "old")
+                shutil.rmtree(resume, ignore_errors=True)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    except OSError as e:
+        raise SpectuneError(f"cannot build the head {name} in {parent}: {e}") from e
+    logger.info("head %s ready (%.0fs)", dest, marker["build_seconds"])
+    return dest
+
+
+def _is_built(dest: Path, request: dict[str, Any]) -> bool:
+    marker = read_json(dest / HEAD_MARKER)
+    return (dest / "config.json").is_file() and marker is not None and marker.get("request") == request
+
+
+def _import_speculators() -> None:
+    try:
+        import speculators.models.eagle3  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            "training a head needs speculators (its checkpoint format): "
+            "pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0 (see scripts/setup.sh)"
+        ) from e
+
+
+def _build_into(target_dir: Path, prompts: list[str], out: Path, resume: Path, training: HeadTraining,
+                verifier: str, threads: int, progress: ProgressHook) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from spectune.predict._eagle3 import aux_layer_ids
+
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    timings: dict[str, float] = {}
+    try:
+        t = time.perf_counter()
+        progress("loading the target", 0, 0)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+            target = AutoModelForCausalLM.from_pretrained(str(target_dir), **dtype_kwarg(torch.float32)).to(device)
+        target.eval()
+        layer_ids = tuple(aux_layer_ids(target.config.num_hidden_layers))
+        data_file = resume / "data.pt"
+        if data_file.is_file():
+            data = torch.load(data_file)
+            logger.info("resuming: the target's answers and states are in %s", data_file)
+        else:
+            data = _head_data(target, tokenizer, prompts, layer_ids, training, progress)
+            torch.save(data, data_file)
+        timings["data_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        head, d2t, t2d = _new_head(target, layer_ids, data, training)
+        del target
+        head.to(device)
+        losses, agreement = _train(head, data, training, resume / "train.pt", progress)
+        timings["train_s"] = time.perf_counter() - t
+        progress("saving the head", 0, 0)
+        _save(head.cpu(), d2t, t2d, target_dir, verifier, training, out)
+    finally:
+        torch.set_num_threads(old_threads)
+    k = max(1, len(losses) // 10)
+    return {
+        "format": HEAD_RECIPE["format"], "name": out.name, "method": "eagle3",
+        "aux_hidden_state_layer_ids": list(layer_ids), "draft_vocab_size": head.shape.draft_vocab_size,
+        "data": {"prompts": len(prompts), "sequences": len(data["features"]),
+                 "positions": sum(len(f) for f in data["features"])},
+        "train_loss": {"first": round(sum(losses[:k]) / k, 4) if losses else None,
+                       "last": round(sum(losses[-k:]) / k, 4) if losses else None},
+        "train_agreement_per_depth": agreement,
+        "timings_s": {key: round(v, 1) for key, v in timings.items()},
+        "device": device, "threads": threads,
+        "versions": versions("torch", "transformers", "speculators"),
+    }
+
+
+def _head_data(target: Any, tokenizer: Any, prompts: list[str], layer_ids: tuple[int, ...],
+               training: HeadTraining, progress: ProgressHook) -> dict[str, Any]:
+    """The target's greedy answers, then its aux states and argmax over the last ``window``
+    positions of each prompt and answer."""
+    import torch
+
+    from spectune.checkpoints._distil_data import generate_distill_data
+    from spectune.config import Prompt
+    from spectune.predict._eagle3 import target_features
+
+    examples = generate_distill_data(
+        target, tokenizer, [("prompts", Prompt(id=str(i), text=p)) for i, p in enumerate(prompts)],
+        max_new_tokens=training.max_new_tokens, top_k=1, batch_size=32, prompt_labels=0, progress=progress,
+    )
+    features, tokens, labels = [], [], []
+    device = next(target.parameters()).device
+    with torch.inference_mode():
+        for i, ex in enumerate(examples):
+            progress("reading the target's hidden states of {total} answers", i, len(examples))
+            ids = ex.ids[-(training.window + 1):].to(device)  # one more token: the input of the last position
+            feats, argmax = target_features(target, ids, layer_ids)
+            features.append(feats[:-1].to(torch.bfloat16).cpu())
+            tokens.append(ids.cpu())
+            labels.append(argmax.cpu())
+    return {"features": features, "tokens": tokens, "labels": labels, "layer_ids": list(layer_ids)}
+
+
+def _new_head(target: Any, layer_ids: tuple[int, ...], data: dict[str, Any],
+              training: HeadTraining) -> tuple[Any, Any, Any]:
+    """A head initialised from the target: its embeddings, its lm_head's rows of the draft
+    vocabulary (the most frequent argmax tokens), and the maps between the two vocabularies."""
+    import torch
+
+    from spectune.predict._eagle3 import Eagle3Head, HeadShape
+
+    cfg = target.config
+    vocab = int(cfg.vocab_size)
+    size = min(training.draft_vocab_size or vocab, vocab)
+    if size < vocab:
+        counts = torch.bincount(torch.cat(data["labels"]), minlength=vocab)
+        kept = counts.topk(size).indices.sort().values
+    else:
+        kept = torch.arange(vocab)
+    heads = int(cfg.num_attention_heads)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    shape = HeadShape(
+        hidden_size=int(cfg.hidden_size), num_heads=heads, num_kv_heads=int(getattr(cfg, "num_key_value_heads", heads)),
+        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+        intermediate_size=int(cfg.intermediate_size), vocab_size=vocab, draft_vocab_size=size,
+        layer_ids=layer_ids, rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))),
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(training.seed)
+        head = Eagle3Head(shape)
+    with torch.no_grad():
+        head.embed_tokens.weight.copy_(target.get_input_embeddings().weight.detach().cpu())
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight.detach().cpu()[kept])
+        head.norm.weight.copy_(target.model.norm.weight.detach().cpu())
+        d2t = kept - torch.arange(size)
+        head.d2t.copy_(d2t)
+    head.embed_tokens.weight.requires_grad_(False)
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[kept] = True
+    return head, d2t, t2d
+
+
+def _batch(data: dict[str, Any], rows: Sequence[int], window: int, depth: int, t2d_index: Any) -> tuple[Any, ...]:
+    """Features ``[B, W, A]``, tokens ``[B, W + depth]`` and per-depth labels ``[depth, B, W]``
+    (draft ids; -100 where there is none) of the sequences ``rows``."""
+    import torch
+
+    width = max(len(data["features"][r]) for r in rows)
+    aux = data["features"][rows[0]].shape[-1]
+    feats = torch.zeros(len(rows), width, aux)
+    toks = torch.zeros(len(rows), width + depth, dtype=torch.long)
+    labels = torch.full((depth, len(rows), width), -100, dtype=torch.long)
+    for b, r in enumerate(rows):
+        f, t, y = data["features"][r], data["tokens"][r], data["labels"][r]
+        n = len(f)  # positions 0..n-1 read tokens 1..n; t has n + 1 tokens
+        feats[b, :n] = f.float()
+        toks[b, : n + 1] = t
+        for d in range(1, depth + 1):
+            m = n + 1 - d  # start i needs token i + d <= n, and its label is the argmax at i + d
+            if m > 0:
+                labels[d - 1, b, :m] = t2d_index[y[d: d + m]]
+    return feats, toks, labels
+
+
+def _train(head: Any, data: dict[str, Any], training: HeadTraining, state_file: Path,
+           progress: ProgressHook) -> tuple[list[float], list[float]]:
+    """Train ``head`` in place; the losses, and the last steps' agreement per depth."""
+    import torch
+    import torch.nn.functional as F
+
+    device = head.fc.weight.device
+    vocab = head.shape.vocab_size
+    t2d_index = torch.full((vocab,), -100, dtype=torch.long)
+    kept = torch.arange(head.shape.draft_vocab_size) + head.d2t.cpu()
+    t2d_index[kept] = torch.arange(head.shape.draft_vocab_size)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=training.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=training.lr, total_steps=training.steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(training.seed)
+    losses: list[float] = []
+    start = 0
+    if state_file.is_file():
+        state = torch.load(state_file)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        gen.set_state(state["gen"])
+        losses, start = state["losses"], state["step"]
+        logger.info("resuming the head's training at step %d of %d", start, training.steps)
+    n = len(data["features"])
+    depth = training.ttt_steps
+    hits = torch.zeros(depth)
+    seen = torch.zeros(depth)
+    head.train()
+    for step in range(start, training.steps):
+        progress("training the head for {total} steps", step, training.steps)
+        rows = torch.randint(0, n, (min(training.batch_size, n),), generator=gen).tolist()
+        feats, toks, labels = (x.to(device) for x in _batch(data, rows, training.window, depth, t2d_index))
+        logits = head.chain_logits(feats, toks, depth)
+        loss = torch.zeros((), device=device)
+        for d, lg in enumerate(logits):
+            y = labels[d]
+            if (y >= 0).any():
+                loss = loss + training.ttt_decay**d * F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1),
+                                                                      ignore_index=-100)
+            if step >= training.steps - max(1, training.steps // 10):
+                ok = y >= 0
+                hits[d] += (lg.argmax(-1)[ok] == y[ok]).sum().item()
+                seen[d] += ok.sum().item()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % SAVE_EVERY == 0 and step + 1 < training.steps:
+            tmp = state_file.with_suffix(".tmp")
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "gen": gen.get_state(), "losses": losses, "step": step + 1}, tmp)
+            os.replace(tmp, state_file)
+    head.eval()
+    agreement = [round(float(h / s), 4) if s else None for h, s in zip(hits, seen)]
+    return losses, agreement
+
+
+def _save(head: Any, d2t: Any, t2d: Any, target_dir: Path, verifier: str, training: HeadTraining, out: Path) -> None:
+    """Write ``head`` through speculators' ``Eagle3DraftModel`` (its config and safetensors)."""
+    import copy
+
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from transformers import AutoConfig
+
+    shape = head.shape
+    layer_cfg = AutoConfig.from_pretrained(str(target_dir))
+    if layer_cfg.model_type != "llama":  # the head's layer is a Llama layer whatever the target
+        from transformers import LlamaConfig
+
+        layer_cfg = LlamaConfig(**{k: v for k, v in layer_cfg.to_dict().items()
+                                   if k not in ("model_type", "architectures", "auto_map")})
+    layer_cfg = copy.deepcopy(layer_cfg)
+    layer_cfg.num_hidden_layers = 1
+    layer_cfg.head_dim = shape.head_dim
+    layer_cfg.tie_word_embeddings = False
+    with quiet_transformers():
+        model = Eagle3DraftModel.from_training_args(
+            layer_cfg, verifier_name_or_path=str(target_dir), draft_vocab_size=shape.draft_vocab_size,
+            norm_before_residual=False, ttt_steps=training.ttt_steps, target_layer_ids=list(shape.layer_ids),
+            t2d=t2d if shape.draft_vocab_size < shape.vocab_size else None,
+            d2t=d2t if shape.draft_vocab_size < shape.vocab_size else None, draft_attn_impl="sdpa",
+        )
+        state = {k: v for k, v in head.state_dict().items() if k != "d2t" or shape.draft_vocab_size < shape.vocab_size}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or [m for m in missing if not m.startswith("verifier_")]:
+            raise SpectuneError(f"the head's tensors do not fit speculators' model: missing {missing}, unexpected {unexpected}")
+        model.config.speculators_config.verifier.name_or_path = verifier
+        model.save_pretrained(str(out))
+
+
+def corpus_prompts(tokenizer: Any, texts: Sequence[str], *, count: int, length: int, seed: int) -> list[str]:
+    """``count`` windows of ``length`` tokens from ``texts``, as text: prompts for a head built
+    without a workload (the tiny target's own corpus)."""
+    import torch
+
+    ids = [i for t in texts for i in tokenizer(t)["input_ids"]]
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, max(1, len(ids) - length), (count,), generator=gen).tolist()
+    return [tokenizer.decode(ids[s: s + length]) for s in starts]
+
