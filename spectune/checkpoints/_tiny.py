@@ -24,6 +24,7 @@ from spectune.checkpoints._cache import (
     versions,
     write_json,
 )
+from spectune.checkpoints._head import HeadTraining, build_eagle3_head, corpus_prompts
 from spectune.errors import ConfigError, SpectuneError
 
 __all__ = ["TINY_CHAT_TEMPLATE", "TINY_MARKER", "TinyModels", "build_tiny", "portable_tokenizer_config"]
@@ -60,6 +61,9 @@ _TINY_RECIPE: dict[str, Any] = {
     # the draft's embeddings, first layer, final norm and lm_head, plus randomly initialised
     # layers 1..3.
     "draft_training": {"steps": 300, "batch_size": 16, "seq_len": 64, "lr": 3e-3},
+    # The EAGLE-3 head: trained on the target's greedy continuations of windows of the corpus
+    # (spectune.checkpoints._head; its own recipe is part of the head's marker).
+    "eagle3_head": {"prompts": 256, "prompt_tokens": 48, "steps": 400, "max_new_tokens": 48, "window": 96},
 }
 
 _MIN_VOCAB = 300  # 256 byte symbols + special tokens + some merges
@@ -67,10 +71,12 @@ _MIN_VOCAB = 300  # 256 byte symbols + special tokens + some merges
 
 @dataclasses.dataclass(frozen=True)
 class TinyModels:
-    """Folders of the tiny target and draft checkpoints (each a Hugging Face model folder)."""
+    """Folders of the tiny target, its draft (Hugging Face model folders) and its EAGLE-3 head
+    (speculators' format)."""
 
     target: Path
     draft: Path
+    eagle3: Path
 
 
 
@@ -83,7 +89,7 @@ def _tiny_request(seed: int, vocab_size: int) -> dict[str, Any]:
 def _tiny_is_built(models: TinyModels, request: dict[str, Any]) -> bool:
     """True if both folders hold a complete model from the same build matching ``request``."""
     markers = []
-    for folder in (models.target, models.draft):
+    for folder in (models.target, models.draft, models.eagle3):
         if not (folder / "config.json").is_file():
             return False
         marker = read_json(folder / TINY_MARKER)
@@ -92,7 +98,7 @@ def _tiny_is_built(models: TinyModels, request: dict[str, Any]) -> bool:
             return False
         markers.append(marker)
     build_id = markers[0].get("build_id")
-    return build_id is not None and markers[1].get("build_id") == build_id
+    return build_id is not None and all(m.get("build_id") == build_id for m in markers[1:])
 
 
 def _stdlib_corpus(max_chars: int) -> list[str]:
@@ -217,8 +223,10 @@ def _train_draft(draft: Any, ids: Any, seed: int, progress: ProgressHook) -> flo
     return float(loss.detach())
 
 
-def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str, progress: ProgressHook) -> dict[str, Any]:
-    """Build tokenizer, draft and target under ``work`` (``target/``, ``draft/``)."""
+def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str, final_target: Path,
+                     progress: ProgressHook) -> dict[str, Any]:
+    """Build tokenizer, draft, target and head under ``work`` (``target/``, ``draft/``,
+    ``eagle3/``); the head names ``final_target`` as its verifier."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -264,15 +272,22 @@ def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str, prog
             model.save_pretrained(folder, safe_serialization=True)
         for f in sorted(tok_dir.iterdir()):  # byte-identical tokenizer files in both folders
             shutil.copy2(f, folder / f.name)
+    t_save = time.perf_counter()
+    head_cfg = _TINY_RECIPE["eagle3_head"]
+    prompts = corpus_prompts(tokenizer, texts, count=head_cfg["prompts"], length=head_cfg["prompt_tokens"], seed=seed)
+    build_eagle3_head(work / "target", prompts, work / "eagle3", verifier_name=str(final_target),
+                      training=HeadTraining(steps=head_cfg["steps"], max_new_tokens=head_cfg["max_new_tokens"],
+                                            window=head_cfg["window"], seed=seed), progress=progress)
+    common["eagle3_build_seconds"] = round(time.perf_counter() - t_save, 1)
     # Markers last: a folder without one is never taken for a finished model.
-    for role in ("target", "draft"):
-        layers = _TINY_RECIPE[f"{role}_layers"]
+    for role in ("target", "draft", "eagle3"):
+        layers = _TINY_RECIPE.get(f"{role}_layers", 1)
         write_json(work / role / TINY_MARKER,
                     {**common, "role": role, "num_hidden_layers": layers})
     logger.info(
         "built tiny models: tokenizer %.1fs (vocab %d), draft training %.1fs (loss %.2f), "
-        "save %.1fs", t_tok - t0, len(tokenizer), t_train - t_tok, loss,
-        time.perf_counter() - t_train,
+        "save %.1fs, EAGLE-3 head %.1fs", t_tok - t0, len(tokenizer), t_train - t_tok, loss,
+        t_save - t_train, common["eagle3_build_seconds"],
     )
     return common
 
@@ -281,10 +296,11 @@ def build_tiny(
     directory: Path, *, seed: int = 0, vocab_size: int = 1024, force: bool = False,
     progress: ProgressHook | None = None,
 ) -> TinyModels:
-    """Build a tiny Llama target and draft under ``directory`` (``target/`` and ``draft/``).
+    """Build a tiny Llama target, draft and EAGLE-3 head under ``directory`` (``target/``,
+    ``draft/``, ``eagle3/``).
 
-    Offline and quick (about 20 s on 2 cores, most of it importing transformers and training the
-    draft). Both folders hold float32 safetensors, ``config.json`` and byte-identical tokenizer
+    Offline and quick (about 20 s on 2 cores for target and draft, about a minute more for the
+    head, trained on the target's greedy continuations of the corpus: :mod:`._head`). Both folders hold float32 safetensors, ``config.json`` and byte-identical tokenizer
     files (byte-level BPE of ``vocab_size`` tokens trained on the Python standard library, with a
     ChatML chat template). The content is determined by ``seed`` and ``vocab_size`` for a given
     Python standard library and torch/tokenizers versions.
@@ -305,7 +321,7 @@ def build_tiny(
     if vocab_size < _MIN_VOCAB:
         raise ConfigError(f"vocab_size must be at least {_MIN_VOCAB}, got {vocab_size}")
     directory = Path(directory).expanduser()
-    models = TinyModels(target=directory / "target", draft=directory / "draft")
+    models = TinyModels(target=directory / "target", draft=directory / "draft", eagle3=directory / "eagle3")
     request = _tiny_request(seed, vocab_size)
     if not force and _tiny_is_built(models, request):
         logger.debug("tiny models already built in %s", directory)
@@ -320,9 +336,9 @@ def build_tiny(
             t0 = time.perf_counter()
             work = Path(tempfile.mkdtemp(prefix=".tiny-build-", dir=directory))
             try:
-                _build_tiny_into(work, seed, vocab_size, uuid.uuid4().hex, hook)
-                swap_in(work / "target", models.target, work / "old-target")
-                swap_in(work / "draft", models.draft, work / "old-draft")
+                _build_tiny_into(work, seed, vocab_size, uuid.uuid4().hex, models.target, hook)
+                for role in ("target", "draft", "eagle3"):
+                    swap_in(work / role, getattr(models, role), work / f"old-{role}")
             finally:
                 shutil.rmtree(work, ignore_errors=True)
     except OSError as e:

@@ -53,14 +53,17 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[TinyModels, str
     folder = tmp_path_factory.mktemp("tiny") / "models"
     out = subprocess.run([sys.executable, "-m", "spectune.cli", "models", "build-tiny", str(folder)],
                          capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == [f"target: {folder / 'target'}", f"draft: {folder / 'draft'}"]
-    return TinyModels(target=folder / "target", draft=folder / "draft"), out.stderr
+    assert out.stdout.splitlines() == [f"target: {folder / 'target'}", f"draft: {folder / 'draft'}",
+                                       f"eagle3: {folder / 'eagle3'}"]
+    return TinyModels(target=folder / "target", draft=folder / "draft", eagle3=folder / "eagle3"), out.stderr
 
 
 def test_build_tiny_outside_a_terminal_says_each_phase_once_with_its_time(tiny_pair):
     _, said = tiny_pair
     phases = ["importing torch and transformers", "training the tokenizer", "training the draft for 300 steps",
-              "saving the models"]
+              "saving the models", "loading the target", "generating the target's continuations of 256 prompts",
+              "reading the target's hidden states of 256 answers", "training the head for 400 steps",
+              "saving the head"]
     lines = said.splitlines()
     pattern = re.compile(r"build tiny models: (.+) \[(\d+):(\d\d)\]")
     seen = [m for line in lines if (m := pattern.fullmatch(line))]
@@ -102,12 +105,12 @@ def test_build_tiny_writes_target_and_draft_sharing_one_tokenizer(tiny_pair):
     assert markers[0]["request"]["seed"] == 0 and markers[0]["request"]["vocab_size"] == 1024
     # Nothing left over from the build next to the models.
     assert sorted(p.name for p in models.target.parent.iterdir() if p.is_dir()) == [
-        "draft", "target"]
+        "draft", "eagle3", "target"]
 
 
 def test_build_tiny_second_call_does_not_rebuild(tiny_pair, monkeypatch):
     models, _ = tiny_pair
-    before = {f: (f / TINY_MARKER).stat().st_mtime_ns for f in (models.target, models.draft)}
+    before = {f: (f / TINY_MARKER).stat().st_mtime_ns for f in (models.target, models.draft, models.eagle3)}
 
     def no_build(*args, **kwargs):
         raise _Sentinel("rebuilt although the models were there")
@@ -138,8 +141,8 @@ def test_build_tiny_rebuilds_on_other_request_and_failed_build_keeps_old_models(
         build_tiny(copy, force=True)
     # The failed builds left the earlier models intact and no temporary folder behind.
     assert (copy / "target" / "model.safetensors").read_bytes() == weights
-    assert sorted(p.name for p in copy.iterdir() if p.is_dir()) == ["draft", "target"]
-    assert build_tiny(copy) == TinyModels(target=copy / "target", draft=copy / "draft")
+    assert sorted(p.name for p in copy.iterdir() if p.is_dir()) == ["draft", "eagle3", "target"]
+    assert build_tiny(copy) == TinyModels(target=copy / "target", draft=copy / "draft", eagle3=copy / "eagle3")
 
     # A folder whose marker is missing (or from another build) is not taken as built.
     (copy / "draft" / TINY_MARKER).unlink()
