@@ -36,10 +36,14 @@ from spectune.predict._cost import (
 )
 from spectune.predict._draft_replay import (
     DRAFT_REPLAY_SPREAD,
+    HEAD_REPLAY_DEPTH,
     DraftGuesses,
     DraftReplays,
+    HeadChains,
     draft_guesses,
+    head_chains,
     replay_draft,
+    replay_head,
 )
 from spectune.predict._gauge import (
     CostPoint,
@@ -96,6 +100,8 @@ __all__ = [
     "CostPoint",
     "DraftGuesses",
     "DraftReplays",
+    "HEAD_REPLAY_DEPTH",
+    "HeadChains",
     "Estimate",
     "GuidePlan",
     "LearnedAcceptance",
@@ -114,6 +120,7 @@ __all__ = [
     "could_beat",
     "derive_schedule",
     "draft_guesses",
+    "head_chains",
     "ngram_proposal",
     "effective_k",
     "engine_gauge_ms",
@@ -134,6 +141,7 @@ __all__ = [
     "predict_candidates",
     "proposer_of",
     "replay_draft",
+    "replay_head",
     "replay_ngram",
     "replay_suffix",
     "suffix_available",

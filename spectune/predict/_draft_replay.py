@@ -5,7 +5,7 @@ what it drafts at every step, for every k, before any draft trial."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,50 +157,66 @@ def _local_weights(model: str) -> Path | None:
 
 
 class DraftReplays:
-    """:func:`draft_guesses`, kept per draft, dtype and outputs while the owner lives (guided
-    search predicts again after every trial: a worker's search keeps one), and the drafts that
-    would not run, not tried again. Not thread-safe: one owner."""
+    """:func:`draft_guesses` and :func:`head_chains`, kept per proposer, dtype and outputs while
+    the owner lives (guided search predicts again after every trial: a worker's search keeps
+    one), and the proposers that would not run, not tried again. Not thread-safe: one owner."""
 
     KEPT = 8
-    """Guesses kept at most (the oldest is dropped first)."""
+    """Replays kept at most (the oldest is dropped first)."""
 
     def __init__(self) -> None:
-        self._guesses: dict[tuple[str, str, int], DraftGuesses] = {}
-        self._refused: set[tuple[str, str]] = set()
+        self._kept: dict[tuple[str, str, str, int], DraftGuesses | HeadChains] = {}
+        self._refused: set[tuple[str, str, str]] = set()
 
     def guesses(self, requests: Sequence[ReplayRequest], model: str, *, dtype: str | None = None) -> DraftGuesses | None:
         """The draft's guesses along ``requests``; None when the draft is not on this machine
         (asked again next time), or, logged once per draft and dtype, when it is larger than
         :data:`DRAFT_REPLAY_MAX_BYTES` or does not load or run. Predictions then fall back to the
         draft's measured trials, the learned model or the prior."""
+        return self._replay("draft", requests, model, dtype, lambda folder: draft_guesses(requests, folder, dtype=dtype))
+
+    def chains(self, requests: Sequence[ReplayRequest], head: str, target: str, *,
+               dtype: str | None = None) -> HeadChains | None:
+        """An EAGLE-3 head's chains along ``requests`` (:func:`head_chains`), None as for
+        :meth:`guesses`; the target must be on this machine too."""
+        def run(folder: str) -> HeadChains | None:
+            target_folder = _local_weights(target)
+            if target_folder is None:
+                raise OSError(f"the target {target} is not on this machine")
+            return head_chains(requests, folder, str(target_folder), dtype=dtype)
+
+        return self._replay("head", requests, head, dtype, run)
+
+    def _replay(self, kind: str, requests: Sequence[ReplayRequest], model: str, dtype: str | None,
+                run: Callable[[str], Any]) -> Any:
         pairs = recorded_pairs(requests)
-        key = (model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
-        if key in self._guesses:
-            return self._guesses[key]
-        if key[:2] in self._refused:
+        key = (kind, model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
+        if key in self._kept:
+            return self._kept[key]
+        if key[:3] in self._refused:
             return None
         folder = _local_weights(model)
-        if folder is None:  # not remembered: the first draft trial's engine may download it
-            logger.info("draft %s is not replayed offline: its weights are not on this machine", model)
+        if folder is None:  # not remembered: the first trial's engine may download it
+            logger.info("%s %s is not replayed offline: its weights are not on this machine", kind, model)
             return None
         try:
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
             if size > DRAFT_REPLAY_MAX_BYTES:
                 why = (f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB "
                        "to run on the CPU")
-                guesses = None
+                replay = None
             else:
-                guesses = draft_guesses(requests, str(folder), dtype=dtype)
+                replay = run(str(folder))
         except Exception as exc:  # noqa: BLE001 - any checkpoint transformers cannot run: no replay, logged
-            why, guesses = f"it did not load or run in transformers ({type(exc).__name__}: {exc})", None
-        if guesses is None:
-            self._refused.add(key[:2])
-            logger.warning("draft %s is not replayed offline: %s", model, why)
+            why, replay = f"it did not load or run ({type(exc).__name__}: {exc})", None
+        if replay is None:
+            self._refused.add(key[:3])
+            logger.warning("%s %s is not replayed offline: %s", kind, model, why)
             return None
-        if len(self._guesses) >= self.KEPT:
-            self._guesses.pop(next(iter(self._guesses)))
-        self._guesses[key] = guesses
-        return guesses
+        if len(self._kept) >= self.KEPT:
+            self._kept.pop(next(iter(self._kept)))
+        self._kept[key] = replay
+        return replay
 
 
 def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = None) -> ReplayAcceptance:

@@ -6,7 +6,8 @@ Acceptance of each candidate comes from the best source there is, named in
 - ``replay``: n-gram (and suffix, with arctic_inference installed) candidates, replayed exactly
   over the baseline's recorded token ids (:func:`~spectune.predict.replay_ngram`); draft-model
   candidates whose draft transformers can load, from one forward pass of the draft along the
-  same outputs (:func:`~spectune.predict.replay_draft`);
+  same outputs (:func:`~spectune.predict.replay_draft`); EAGLE-3 heads, from the target's hidden
+  states along them and the head's chains (:func:`~spectune.predict.replay_head`);
 - ``truncation``: the same proposer measured at a larger ``k``: its per-position acceptance cut
   to ``k`` (:func:`~spectune.predict.expected_tokens_per_step`);
 - ``extrapolation``: the same proposer measured only at a smaller ``k``: the positions beyond
@@ -36,7 +37,7 @@ from spectune.predict._concurrency import (
     fit_concurrency,
 )
 from spectune.predict._cost import Estimate, fit_cost_model
-from spectune.predict._draft_replay import DraftReplays, replay_draft
+from spectune.predict._draft_replay import HEAD_REPLAY_DEPTH, DraftReplays, replay_draft, replay_head
 from spectune.predict._errors import PredictionErrors, summarize_errors
 from spectune.predict._gauge import CostPoint
 from spectune.predict._learned import LearnedAcceptance
@@ -114,6 +115,9 @@ class _Accept:
     note: str = ""
 
 
+_OFFLINE = {Method.DRAFT_MODEL: ", the draft run offline", Method.EAGLE3: ", the head run offline"}
+
+
 def _replay(spec: SpecConfig, baseline: Measurement, drafts: DraftReplays) -> ReplayAcceptance | None:
     has_ids = any(r.ok and r.token_ids and r.prompt_token_ids is not None for r in baseline.requests)
     if not has_ids:
@@ -134,6 +138,9 @@ def _replay(spec: SpecConfig, baseline: Measurement, drafts: DraftReplays) -> Re
     if spec.method is Method.DRAFT_MODEL and k and spec.model:
         guesses = drafts.guesses(baseline.requests, spec.model, dtype=baseline.engine.dtype)
         return replay_draft(guesses, k, max_model_len=max_len) if guesses is not None else None
+    if spec.method is Method.EAGLE3 and k and spec.model and k <= HEAD_REPLAY_DEPTH:
+        chains = drafts.chains(baseline.requests, spec.model, baseline.engine.model, dtype=baseline.engine.dtype)
+        return replay_head(chains, k, max_model_len=max_len) if chains is not None else None
     return None
 
 
@@ -181,14 +188,13 @@ def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Meas
                 replays: dict[str, ReplayAcceptance | None], drafts: DraftReplays,
                 learned: LearnedAcceptance | None = None, features: Mapping[str, float] | None = None) -> _Accept:
     k = effective_k(spec) or 1
-    if spec.method in (Method.NGRAM, Method.SUFFIX, Method.DRAFT_MODEL):
+    if spec.method in (Method.NGRAM, Method.SUFFIX, Method.DRAFT_MODEL, Method.EAGLE3):
         key = spec.model_dump_json()
         if key not in replays:
             replays[key] = _replay(spec, baseline, drafts)
         rep = replays[key]
         if rep is not None:
-            note = f"{rep.num_drafts} drafts over {rep.num_requests} requests" + (
-                ", the draft run offline" if spec.method is Method.DRAFT_MODEL else "")
+            note = f"{rep.num_drafts} drafts over {rep.num_requests} requests" + _OFFLINE.get(spec.method, "")
             if baseline.workload.sampling.temperature > 0:
                 note += "; temperature > 0: approximate"
             profile = rep.profile()
