@@ -429,7 +429,7 @@ def _save(head: Any, d2t: Any, t2d: Any, target_dir: Path, verifier: str, traini
         )
         state = {k: v for k, v in head.state_dict().items() if k != "d2t" or shape.draft_vocab_size < shape.vocab_size}
         missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or [m for m in missing if not m.startswith("verifier_")]:
+        if unexpected or [m for m in missing if not m.startswith("verifier_") and m not in ("t2d", "d2t")]:
             raise SpectuneError(f"the head's tensors do not fit speculators' model: missing {missing}, unexpected {unexpected}")
         model.config.speculators_config.verifier.name_or_path = verifier
         model.save_pretrained(str(out))
@@ -487,16 +487,20 @@ def train_head(target: str, workload: Any, dest: Path | None = None, *, training
     from spectune.checkpoints._cache import default_cache_dir
     from spectune.workloads import load_prompts
 
-    folder = Path(target).expanduser()
-    if not folder.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
-
-            folder = Path(snapshot_download(target, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
-        except Exception as e:  # noqa: BLE001 - any hub failure: one line
-            raise ConfigError(f"target {target}: no such folder, and the hub did not give it ({type(e).__name__})") from e
+    local = Path(target).expanduser()
+    folder = local if local.is_dir() else _from_hub(target)
     prompts = [p.as_text() for p in load_prompts(workload)]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     dest = Path(dest).expanduser() if dest is not None else root / "models" / head_name(folder, workload.name)
-    return build_eagle3_head(folder, prompts, dest, training=training, verifier_name=target if not Path(
-        target).expanduser().is_dir() else None, force=force, progress=progress)
+    return build_eagle3_head(folder, prompts, dest, training=training, verifier_name=None if local.is_dir() else target,
+                             force=force, progress=progress)
+
+
+def _from_hub(name: str) -> Path:
+    """The local snapshot of hub model ``name`` (downloaded where the hub can be reached)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    except Exception as e:  # noqa: BLE001 - any hub failure: one line
+        raise ConfigError(f"target {name}: no such folder, and the hub did not give it ({type(e).__name__})") from e
