@@ -69,6 +69,15 @@ def describe_validation_error(err: ValidationError, source: str | None = None) -
     return f"{where}{loc + ': ' if loc else ''}{msg}{more}"
 
 
+def key_error(model: str, key: str, message: str, value: Any) -> ValidationError:
+    """A validation error of ``model``'s key ``key``, for a model validator to raise: unlike a
+    ``ValueError`` it keeps the key in the error's location (``methods.ngram.k: unknown key``)."""
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    kind = PydanticCustomError("spectune_key", "{message}", {"message": message})
+    return ValidationError.from_exception_data(model, [InitErrorDetails(type=kind, loc=(key,), input=value)])
+
+
 def validate(model: type[M], data: Any, source: str | None = None) -> M:
     """Validate ``data`` into ``model``; a failure becomes a one-line :class:`ConfigError`."""
     try:

@@ -8,18 +8,23 @@ refused with one line before any engine starts. Each knows how to become what vL
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from enum import Enum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 
-from spectune._util import StrictModel, validate
+from spectune._speculative import installed_schema
+from spectune._util import StrictModel, key_error, validate
 from spectune.errors import ConfigError
 
-__all__ = ["ENGINE_KNOBS", "NEEDS_K", "NEEDS_MODEL", "SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method", "Prompt", "Sampling", "SpecConfig",
-           "WorkloadSpec", "candidate_label", "parse_spec"]
+__all__ = ["ENGINE_KNOBS", "NEEDS_K", "NEEDS_MODEL", "RECORDED", "SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method",
+           "Prompt", "Sampling", "SpecConfig", "WorkloadSpec", "candidate_label", "engine_field_error", "engine_method_error",
+           "parse_spec"]
 
 SHIPPED_NAMES: tuple[str, ...] = ("humaneval", "mtbench", "sharegpt")
 """Names that :attr:`WorkloadSpec.source` treats as shipped prompt sets rather than file paths
@@ -27,7 +32,15 @@ SHIPPED_NAMES: tuple[str, ...] = ("humaneval", "mtbench", "sharegpt")
 
 
 class Method(str, Enum):
-    """Speculative-decoding proposers, named as vLLM's ``speculative_config.method``."""
+    """Speculative-decoding proposers, named as vLLM's ``speculative_config.method``.
+
+    The members are the methods spectune treats specially (which need a model, which a k, which
+    parameters they tune, how their cost is modelled). Any other name without white space
+    (``dflash``, ``ngram_gpu``) is a member too, made when first asked for (``Method("dflash")``,
+    one per name) and not listed by iterating the class: whether the engine takes it is checked
+    where a candidate is made (:func:`engine_method_error`), not here, so that what an engine ran
+    can be read back anywhere.
+    """
 
     NONE = "none"
     NGRAM = "ngram"
@@ -42,19 +55,78 @@ class Method(str, Enum):
     def __str__(self) -> str:
         return self.value
 
+    @classmethod
+    def _missing_(cls, value: object) -> Method | None:
+        if not isinstance(value, str) or not _METHOD_NAME.fullmatch(value):
+            return None
+        member = str.__new__(cls, value)
+        member._name_, member._value_ = value.upper(), value
+        return cls._value2member_map_.setdefault(value, member)  # one member per name, whichever thread makes it
+
     @property
     def drafts_from_text(self) -> bool:
         """Whether the proposer drafts from the text alone, no model of its own running in the
         engine's steps (n-gram lookup, suffix decoding)."""
         return self in _MODEL_FREE
 
+    @property
+    def is_known(self) -> bool:
+        """Whether spectune treats this method specially (a declared member, ``none`` included)."""
+        return self._name_ in type(self)._member_map_
 
+
+_METHOD_NAME = re.compile(r"\S+")
 # Methods whose proposer is a separate checkpoint that must be named.
 NEEDS_MODEL = {Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3, Method.MLP_SPECULATOR, Method.MEDUSA}
+# n-gram lookup, on the CPU (ngram) and on the GPU (vLLM's ngram_gpu): prompt_lookup_min/max apply.
+NGRAM_FAMILY = frozenset({Method.NGRAM, Method("ngram_gpu")})
 # Methods that propose from the text alone and take no model.
-_MODEL_FREE = {Method.NGRAM, Method.SUFFIX}
+_MODEL_FREE = {*NGRAM_FAMILY, Method.SUFFIX}
 # Methods whose k cannot be read from the proposer's own config and must be given.
 NEEDS_K = {Method.NGRAM, Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3}
+
+_RECORDED_KEY = "spectune_recorded"
+RECORDED = MappingProxyType({_RECORDED_KEY: True})
+"""Validation context of configurations read back from storage (``model_validate(...,
+context=RECORDED)``): what an engine ran is not checked again against the vLLM installed here."""
+
+
+def engine_method_error(method: str) -> str | None:
+    """Why the installed vLLM's ``SpeculativeConfig`` does not take ``method`` (one line), or None.
+
+    ``none`` (spectune's baseline) always passes. Without vLLM installed, spectune's own methods
+    (:class:`Method`'s members) stand in for vLLM's.
+    """
+    if method == Method.NONE.value:
+        return None
+    schema = installed_schema()
+    if schema is None:
+        names, where = frozenset(m.value for m in Method) - {Method.NONE.value}, "spectune (no vLLM is installed here)"
+    else:
+        names, where = schema.all_methods(), f"{schema.name}'s SpeculativeConfig"
+    if names is None or method in names:
+        return None
+    close = difflib.get_close_matches(method.lower(), sorted(names), n=1)
+    if close:
+        hint = f"did you mean {close[0]}?"
+    else:  # vLLM names one MTP method per model family: counted, not listed
+        mtp = [n for n in names if n.endswith("_mtp")]
+        hint = "it has " + ", ".join(sorted(set(names) - set(mtp))) + (f" and {len(mtp)} *_mtp variants" if mtp else "")
+    return f"unknown method {method!r}: {where} has no such method ({hint})"
+
+
+def engine_field_error(name: str, value: Any = None) -> str | None:
+    """Why the installed vLLM's ``SpeculativeConfig`` takes no field ``name``, or not ``value``
+    for it (one line, without the name); None when it does. Without vLLM installed, spectune's
+    own fields (:class:`SpecConfig`'s) stand in, their values checked by SpecConfig itself."""
+    schema = installed_schema()
+    if schema is None:
+        if name in SpecConfig.model_fields:
+            return None
+        return "unknown key (spectune knows no such field, and no vLLM is installed here to ask)"
+    if name not in schema.fields:
+        return f"unknown key ({schema.name}'s SpeculativeConfig takes no such field)"
+    return schema.value_error(name, value) if value is not None else None
 
 _NGRAM_KEYS = ("prompt_lookup_min", "prompt_lookup_max")
 _SUFFIX_KEYS = (
@@ -70,7 +142,17 @@ class SpecConfig(StrictModel):
 
     ``method="none"`` is the baseline: the target model alone. Field names are vLLM's
     ``speculative_config`` keys, so :meth:`to_vllm` is a plain, checked projection.
+
+    Which methods and fields a candidate may use is the installed vLLM's answer
+    (:mod:`spectune._speculative`): ``method`` must be one of its ``SpeculativeConfig``'s methods,
+    and besides the fields declared here (those spectune tunes or reads) any field of that class
+    may be given (``parallel_drafting``, ``rejection_sample_method``), its value checked against
+    the class's annotation; these are pydantic's extra fields, refused when the installed vLLM has
+    no such field. A configuration read back from storage (validation context :data:`RECORDED`)
+    is not checked against the installed vLLM.
     """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
 
     method: Method = Method.NONE
     model: str | None = Field(default=None, description="Draft model or head: local path or hub name.")
@@ -84,27 +166,43 @@ class SpecConfig(StrictModel):
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _coherent(self) -> SpecConfig:
+    def _coherent(self, info: ValidationInfo) -> SpecConfig:
         m = self.method
         set_keys = {k for k, v in self if v is not None and k != "method"}
         if m is Method.NONE:
             if set_keys:
                 raise ValueError(f"method none takes no other keys, got {', '.join(sorted(set_keys))}")
             return self
+        if not (info.context or {}).get(_RECORDED_KEY):
+            self._check_engine(set_keys)
         if m in _MODEL_FREE and self.model is not None:
             raise ValueError(f"method {m} proposes from the text and takes no model")
         if m in NEEDS_MODEL and not self.model:
             raise ValueError(f"method {m} needs a model (the draft or head checkpoint)")
         if m in NEEDS_K and self.num_speculative_tokens is None:
             raise ValueError(f"method {m} needs num_speculative_tokens (k >= 1)")
-        if m is not Method.NGRAM and (wrong := [k for k in _NGRAM_KEYS if k in set_keys]):
-            raise ValueError(f"{wrong[0]} applies to method ngram only, not {m}")
+        if m not in NGRAM_FAMILY and (wrong := [k for k in _NGRAM_KEYS if k in set_keys]):
+            raise ValueError(f"{wrong[0]} applies to methods {' and '.join(sorted(NGRAM_FAMILY))} only, not {m}")
         if m is not Method.SUFFIX and (wrong := [k for k in _SUFFIX_KEYS if k in set_keys]):
             raise ValueError(f"{wrong[0]} applies to method suffix only, not {m}")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"prompt_lookup_min ({lo}) > prompt_lookup_max ({hi})")
         return self
+
+    def _check_engine(self, set_keys: set[str]) -> None:
+        """The method and every field set, against the installed vLLM's SpeculativeConfig."""
+        if why := engine_method_error(self.method.value):
+            raise ValueError(why)
+        extra = self.__pydantic_extra__ or {}
+        for key in sorted(set_keys):
+            if why := engine_field_error(key, extra.get(key)):
+                raise key_error(type(self).__name__, key, why, extra.get(key, getattr(self, key, None)))
+
+    @property
+    def extra_fields(self) -> dict[str, Any]:
+        """The fields set beyond those declared here (vLLM's, passed through as given)."""
+        return {k: v for k, v in (self.__pydantic_extra__ or {}).items() if v is not None}
 
     @property
     def is_baseline(self) -> bool:

@@ -295,11 +295,12 @@ class StoredTrial:
     measurement_json: str | None
 
     def measurement(self) -> Measurement | None:
+        from spectune.config import RECORDED
         from spectune.measurement import Measurement
 
         if self.measurement_json is None:
             return None
-        return Measurement.model_validate_json(self.measurement_json)
+        return Measurement.model_validate_json(self.measurement_json, context=RECORDED)
 
 
 class MeasurementStore:
@@ -378,9 +379,10 @@ class MeasurementStore:
         rows = self._rows(sa.select(trials_table.c.measurement).where(trials_table.c.trial_id == trial_id))
         if not rows or rows[0].measurement is None:
             return None
+        from spectune.config import RECORDED
         from spectune.measurement import Measurement
 
-        return Measurement.model_validate_json(rows[0].measurement)
+        return Measurement.model_validate_json(rows[0].measurement, context=RECORDED)
 
     # -- one place for the transactions and the errors -------------------------------------------
     def _replace(self, table: sa.Table, where: sa.ColumnElement[bool], row: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ GPU = Platform(name="gpu", serve_command=("vllm", "serve"))
         ('{"method": "ngram"}', "needs num_speculative_tokens"),
         ('{"method": "telepathy", "num_speculative_tokens": 2}', "method"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "k": 3}', "k: unknown key"),
-        ('{"method": "suffix", "prompt_lookup_max": 3}', "applies to method ngram only"),
+        ('{"method": "suffix", "prompt_lookup_max": 3}', "applies to methods ngram and ngram_gpu only"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "suffix_decoding_max_tree_depth": 8}',
          "applies to method suffix only"),
         ("[1, 2]", "expected a JSON object"),

@@ -24,10 +24,14 @@ Parameter domains (:class:`IntDomain`, :class:`FloatDomain`):
 - an empty list, a repeated choice, ``low > high`` or a ``high`` off the ``step`` grid is an error,
   and so is a value that vLLM would refuse (``num_speculative_tokens: 0``).
 
-Which parameters a method takes is fixed per method (``PARAMS``); a parameter of another method
-is an error naming the method and the key. ``requires: [module, ...]`` drops a method whose
-Python modules are not importable here (suffix decoding needs ``arctic_inference``), with a
-logged warning.
+Methods are the installed vLLM's (:func:`~spectune.config.engine_method_error`). Which of
+spectune's parameters a method takes is fixed per method (``PARAMS``; a method spectune knows
+nothing special about takes a head's, ``ngram_gpu`` n-gram's); a parameter of another method is
+an error naming the method and the key. Any other field of vLLM's SpeculativeConfig may be given
+as one value or a list of choices (:class:`MethodSpace`). ``requires: [module, ...]`` drops a
+method whose Python modules are not importable here (suffix decoding needs
+``arctic_inference``), with a logged warning. Whether the engine can run a method is the
+study's question (:func:`spectune.engines.method_refusal`), asked before any engine starts.
 
 Placeholders in ``models`` entries, substituted by :meth:`SearchSpace.resolve`:
 

@@ -22,14 +22,14 @@ from pydantic import (
 )
 
 from spectune._util import StrictModel
-from spectune.config import Method, SpecConfig
+from spectune.config import NGRAM_FAMILY, Method, SpecConfig
 
 if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 
 __all__ = ["DOMAIN_FIELDS", "ENV_KEY", "PARAMS", "PLACEHOLDER", "ChoiceDomain", "Domain", "FloatDomain", "IntDomain",
-           "check_bounds", "choices", "knob_domain"]
+           "check_bounds", "choices", "knob_domain", "method_params"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,17 @@ PARAMS: dict[Method, tuple[str, ...]] = {
     # MTP proposes with the target's own MTP layers; `model` is optional.
     Method.MTP: ("models", "num_speculative_tokens"),
 }
+
+
+def method_params(method: Method) -> tuple[str, ...]:
+    """What ``method`` may tune of the fields spectune declares (:data:`PARAMS`): a method spectune
+    knows nothing special about (``dflash``) takes those of a head, ``ngram_gpu`` those of ``ngram``.
+    Any other field of vLLM's SpeculativeConfig may be given too (:class:`MethodSpace`)."""
+    if method in PARAMS:
+        return PARAMS[method]
+    return PARAMS[Method.NGRAM] if method in NGRAM_FAMILY else _HEAD_PARAMS
+
+
 DOMAIN_FIELDS = (
     "num_speculative_tokens",
     "prompt_lookup_min",

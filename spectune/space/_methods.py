@@ -7,24 +7,27 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import (
+    ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from spectune._util import StrictModel
-from spectune.config import NEEDS_K, NEEDS_MODEL, EngineArgs, Method
+from spectune._util import StrictModel, key_error
+from spectune.config import NEEDS_K, NEEDS_MODEL, EngineArgs, Method, engine_field_error
 from spectune.space._domains import (
     DOMAIN_FIELDS,
     ENV_KEY,
-    PARAMS,
     PLACEHOLDER,
+    ChoiceDomain,
     Domain,
     FloatDomain,
     IntDomain,
     check_bounds,
     choices,
+    method_params,
 )
 
 if TYPE_CHECKING:
@@ -44,7 +47,16 @@ _Step = tuple[str, Domain, Callable[[dict[str, Any]], Domain] | None]
 
 
 class MethodSpace(StrictModel):
-    """What one method may try. ``method`` comes from the key in :attr:`SearchSpace.methods`."""
+    """What one method may try. ``method`` comes from the key in :attr:`SearchSpace.methods`.
+
+    Besides the fields declared here, any other field of the installed vLLM's SpeculativeConfig
+    may be given (``parallel_drafting: true``, ``rejection_sample_method: [standard, block]``):
+    one value, or a list of choices, each checked against vLLM's annotation of the field
+    (:func:`~spectune.config.engine_field_error`); these are pydantic's extra fields, each held
+    as a :class:`~spectune.space.ChoiceDomain` (:attr:`engine_fields`), and tuned like the others.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
 
     method: Method = Field(exclude=True, description="Set from the key under `methods`.")
     requires: list[str] = Field(
@@ -110,13 +122,40 @@ class MethodSpace(StrictModel):
     @staticmethod
     def _applies(info: ValidationInfo) -> None:
         method = info.data.get("method")
-        if method is None or info.field_name in PARAMS[method]:
+        if method is None or info.field_name in method_params(method):
             return
-        takes = ", ".join(PARAMS[method]) or "no parameters"
+        takes = ", ".join(method_params(method)) or "no parameters"
         raise ValueError(f"does not apply to method {method} ({method} takes {takes})")
+
+    @property
+    def engine_fields(self) -> dict[str, Domain]:
+        """The further fields of vLLM's SpeculativeConfig this method's candidates set (see the class)."""
+        return dict(self.__pydantic_extra__ or {})
+
+    def _engine_domains(self) -> None:
+        extra = self.__pydantic_extra__ or {}
+        for name, value in list(extra.items()):
+            def refuse(why: str, name: str = name, value: Any = value) -> ValidationError:
+                return key_error(type(self).__name__, name, why, value)
+
+            if name == "model":
+                raise refuse("give the checkpoints to try as models: [...]")
+            if self.method is Method.NONE:
+                raise refuse("does not apply to method none (none takes no parameters)")
+            if why := engine_field_error(name):
+                raise refuse(why)
+            try:
+                domain = value if isinstance(value, ChoiceDomain) else ChoiceDomain.model_validate(value)
+            except ValidationError as e:
+                raise refuse(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+            for choice in domain.values():
+                if why := engine_field_error(name, choice):
+                    raise refuse(why)
+            extra[name] = domain
 
     @model_validator(mode="after")
     def _complete(self) -> MethodSpace:
+        self._engine_domains()
         m = self.method
         if m in NEEDS_MODEL and self.models is None:
             raise ValueError(f"method {m} needs models: the draft or head checkpoints to try (a path, a hub name or ${{draft}})")
@@ -129,7 +168,7 @@ class MethodSpace(StrictModel):
 
     def _steps(self) -> list[_Step]:
         steps: list[_Step] = []
-        for name in PARAMS[self.method]:
+        for name in method_params(self.method):
             if name == "models":
                 if self.models:
                     steps.append(("model", choices(self.models), None))
@@ -137,6 +176,7 @@ class MethodSpace(StrictModel):
                 steps.extend(self._lookup_steps())
             elif name != "prompt_lookup_min" and (domain := getattr(self, name)) is not None:
                 steps.append((name, domain, None))
+        steps.extend((name, domain, None) for name, domain in self.engine_fields.items())
         return steps
 
     def _lookup_steps(self) -> list[_Step]:

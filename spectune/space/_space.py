@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from spectune._util import StrictModel, validate
-from spectune.config import ENGINE_KNOBS, NEEDS_MODEL, EngineArgs, Method, SpecConfig
+from spectune.config import ENGINE_KNOBS, NEEDS_MODEL, EngineArgs, Method, SpecConfig, engine_method_error
 from spectune.errors import ConfigError
 from spectune.space._domains import PLACEHOLDER, Domain, knob_domain
 from spectune.space._methods import FixedEngineArgs, MethodSpace
@@ -112,6 +112,8 @@ class SearchSpace(StrictModel):
             except ValueError:
                 known = ", ".join(m.value for m in Method)
                 raise ValueError(f"unknown method {key!r} (known: {known})") from None
+            if why := engine_method_error(method.value):
+                raise ValueError(why)
             if body is None:
                 body = {}
             if isinstance(body, MethodSpace):
@@ -175,7 +177,7 @@ class SearchSpace(StrictModel):
                 for model in self._expand(entry, target, drafts, f"methods.{method}.models"):
                     if model not in models:
                         models.append(model)
-            if not models and method in NEEDS_MODEL:
+            if not models and (method in NEEDS_MODEL or not method.is_known):  # the engine's own methods: a model was asked for
                 logger.info("search space: method %s left out: its models need ${draft} and no draft was given", method)
                 continue
             methods[method] = space.model_copy(update={"models": models or None})
@@ -248,7 +250,7 @@ class SearchSpace(StrictModel):
             params["method"] = method.value
 
         def choose(field: str, domain: Domain, tuned: bool) -> Any:
-            value = getattr(spec, field)
+            value = getattr(spec, field, None)  # an engine field the spec does not set: None
             if not domain.contains(value):
                 raise ConfigError(
                     f"{self._where()}{spec.label()}: {field}={value!r} is not in methods.{method} ({domain.model_dump()})"
@@ -284,6 +286,11 @@ class SearchSpace(StrictModel):
                         f"{self._where()}more than {limit} candidates; narrow the ranges or list choices"
                     )
         return out
+
+    def engine_fields(self, method: Method) -> list[str]:
+        """The further fields of vLLM's SpeculativeConfig that ``method``'s candidates set
+        (:attr:`MethodSpace.engine_fields`)."""
+        return list(self.methods[method].engine_fields)
 
     def proposers(self) -> list[tuple[Method, str]]:
         """Each (method, model) pair the space may run, once: what to pass to ``check_pairing``.

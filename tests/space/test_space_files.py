@@ -81,7 +81,7 @@ def test_dump_and_reload_give_the_same_candidates() -> None:
          "methods.suffix.suffix_decoding_min_token_prob: 1.5 is out of range"),
         ("methods:\n  suffix:\n    suffix_decoding_max_spec_factor: {low: 0, high: 2, log: true}\n",
          "log range needs low > 0"),
-        ("methods:\n  telepathy: {}\n", "methods: unknown method 'telepathy' (known: none, ngram, draft_model"),
+        ("methods:\n  telepathy: {}\n", "methods: unknown method 'telepathy': "),
         ("methods:\n  ngram:\n    num_speculative_tokens: 2\n    suffix_decoding_max_tree_depth: 8\n",
          "methods.ngram.suffix_decoding_max_tree_depth: does not apply to method ngram"),
         ("methods:\n  suffix:\n    prompt_lookup_max: 3\n",
