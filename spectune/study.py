@@ -32,7 +32,7 @@ from pydantic import Field, field_validator
 
 from spectune._util import StrictModel, load_yaml_file, validate
 from spectune.config import EngineArgs, Method, Prompt, WorkloadSpec
-from spectune.engines import DEFAULT_STARTUP_TIMEOUT
+from spectune.engines import DEFAULT_STARTUP_TIMEOUT, method_refusal
 from spectune.errors import ConfigError
 from spectune.measurement import SLO, Objective
 from spectune.records import StudyRecord, write_study_fields
@@ -251,6 +251,9 @@ def _open(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> Stu
     from spectune.trial import plan_windows
 
     engine = config.engine_args(space)
+    for method in space.methods:
+        if why := method_refusal(method.value, space.engine_fields(method), engine.env):
+            raise ConfigError(f"{space.source or config.space}: methods.{method}: {why}; leave it out of the space")
     for method, model in space.proposers():
         check_pairing(config.target, model, method)
     if Method.NONE not in space.methods:

@@ -17,7 +17,7 @@ from pathlib import Path
 from spectune._util import ProgressHook, every
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.counters import SpecCounters, fetch_counters, fetch_metrics, parse_kv_cache
-from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer
+from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer, check_runnable
 from spectune.errors import (
     ConfigError,
     EngineCrashedError,
@@ -153,10 +153,12 @@ def measure(
     (``workload.concurrency_levels``) measures each other level after the headline windows, on
     a window of prompts of its own, with its own counters (:attr:`Measurement.levels`).
 
-    Raises ConfigError before any engine starts when a level's window is smaller than the level.
+    Raises ConfigError before any engine starts when a level's window is smaller than the level,
+    or when the engine here cannot run ``spec``'s method (:func:`~spectune.engines.check_runnable`).
     """
     hook = progress or (lambda phase, done, total: None)
     windows, sweep = plan_windows(prompts, workload, repeats)  # bad input: refused before the engine
+    check_runnable(spec, engine.env)
     log_path = Path(log_dir) / _log_name(spec)
     started_at = dt.datetime.now(dt.timezone.utc)
     server = server_factory(engine, spec, log_path=log_path, startup_timeout=startup_timeout)

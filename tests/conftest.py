@@ -246,16 +246,14 @@ def assert_engine_gone(trace: EngineTrace) -> None:
 GRID_SPACE = """
 methods:
   none: {}
-  mlp_speculator:                # a Llama checkpoint is no MLP speculator: vLLM refuses to start
+  draft_model:
     models: ["${target}"]
     num_speculative_tokens: 2
+    draft_tensor_parallel_size: [2, 1]   # 2 on a target of 1: vLLM refuses to start (a failed trial)
   ngram:
     num_speculative_tokens: [2, 3]
     prompt_lookup_max: 3
     prompt_lookup_min: 1
-  draft_model:
-    models: ["${target}"]
-    num_speculative_tokens: 2
 """
 
 

@@ -2,13 +2,16 @@
 
 from spectune.engines._base import EngineServer
 from spectune.engines._platform import (
+    ARCTIC_ENV,
     PIN_ENV,
     CpuBinding,
     Platform,
+    check_runnable,
     cpu_binding,
     cpu_dtype,
     cpu_features,
     detect_platform,
+    method_refusal,
     vllm_cli,
     vllm_version,
 )
@@ -24,6 +27,7 @@ from spectune.engines._vllm import (
 )
 
 __all__ = [
+    "ARCTIC_ENV",
     "DEFAULT_STARTUP_TIMEOUT",
     "MEMORY_BUSY",
     "PIN_ENV",
@@ -33,11 +37,13 @@ __all__ = [
     "VLLMServer",
     "applied_defaults",
     "build_command",
+    "check_runnable",
     "detect_platform",
     "cpu_binding",
     "cpu_dtype",
     "cpu_features",
     "free_port",
+    "method_refusal",
     "resolve_engine_args",
     "summarize_failure",
     "vllm_cli",

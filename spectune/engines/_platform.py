@@ -11,6 +11,8 @@ else:
 - the data type follows the processor (:func:`cpu_dtype`): vLLM's CPU default, bfloat16, is
   fast only where the processor computes it natively (AVX512-BF16, AMX); elsewhere its kernels
   fall back to slow paths, every step costs more and speculation's gain is hidden, so float32;
+- the speculative methods it cannot run are refused before it starts (:func:`method_refusal`):
+  Arctic Inference's vLLM plugin, which runs ``arctic`` and ``mlp_speculator`` heads, requires CUDA;
 - its compute threads are bound to every CPU but the last (vLLM reserves that one for "the
   scheduler"), yet nothing keeps the engine's other processes (the API server, the busy-polling
   engine core) or spectune's own client off the compute CPUs: when the kernel puts one of them
@@ -27,12 +29,17 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["NATIVE_BF16", "PIN_ENV", "SERVE_COMMAND_ENV", "CpuBinding", "Platform", "cpu_binding", "cpu_dtype",
-           "cpu_features", "detect_platform", "vllm_cli", "vllm_version"]
+from spectune._speculative import installed_schema
+from spectune.config import SpecConfig
+from spectune.errors import ConfigError
+
+__all__ = ["ARCTIC_ENV", "NATIVE_BF16", "PIN_ENV", "SERVE_COMMAND_ENV", "CpuBinding", "Platform", "check_runnable",
+           "cpu_binding", "cpu_dtype", "cpu_features", "detect_platform", "method_refusal", "vllm_cli", "vllm_version"]
 
 PIN_ENV = "SPECTUNE_CPU_PIN"
 """Set to 1 to keep the CPU engine's API server and engine core, and spectune's client, off vLLM's
@@ -141,6 +148,72 @@ def _installed_platform() -> Platform:
         name="gpu",
         serve_command=(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"),
     )
+
+
+ARCTIC_ENV = "ARCTIC_INFERENCE_ENABLED"
+"""Set to 1 in an engine's environment, it loads Arctic Inference's vLLM plugin (where installed)."""
+_ARCTIC_SKIP_PLATFORM = "ARCTIC_INFERENCE_SKIP_PLATFORM_CHECK"
+_ARCTIC_SKIP_VERSION = "ARCTIC_INFERENCE_SKIP_VERSION_CHECK"
+_MLP = "mlp_speculator"
+
+
+def method_refusal(method: str, fields: Collection[str] = (), env: Mapping[str, str] | None = None,
+                   platform: Platform | None = None) -> str | None:
+    """Why the engine that would start here cannot run speculative method ``method`` with the
+    further SpeculativeConfig ``fields`` set, in one line; None where nothing here says so.
+
+    ``env`` is the engine's own environment (:attr:`EngineArgs.env`, over this process's).
+    What is refused, and where the installed vLLM decides it:
+
+    - ``mlp_speculator``: vLLM's V1 engine has no proposer for MLP-speculator heads. Its model
+      runner picks a proposer per method and stops with "Unknown speculative decoding method:
+      mlp_speculator" (``vllm/v1/worker/gpu_model_runner.py``, which the CPU runner extends), and
+      Model Runner V2 lists the method as unsupported and falls back to V1
+      (``VllmConfig._get_v2_model_runner_unsupported_features``). Only Arctic Inference's vLLM
+      plugin runs it (its ``ArcticProposer``);
+    - ``arctic`` and the plugin's own fields (``enable_suffix_decoding``, ``disable_by_batch_size``,
+      ...): Arctic Inference's, run only by its plugin;
+    - the plugin runs only where the engine's environment sets :data:`ARCTIC_ENV` = 1, on CUDA
+      (``arctic_inference/vllm/plugin.py`` raises on any other platform, here vLLM's CPU build,
+      unless ``ARCTIC_INFERENCE_SKIP_PLATFORM_CHECK=1``), and on the one vLLM version its patches
+      are written for (unless ``ARCTIC_INFERENCE_SKIP_VERSION_CHECK=1``).
+
+    A GPU build is taken for CUDA: on ROCm the plugin refuses when the engine starts.
+    """
+    schema = installed_schema()
+    if schema is None:
+        return None
+    plugin_fields = sorted(set(fields) & schema.plugin_fields)
+    if method == _MLP:
+        what = (f"method {_MLP}: {schema.name}'s V1 engine has no MLP-speculator proposer (its model runner stops with "
+                f"'Unknown speculative decoding method'); only Arctic Inference's vLLM plugin runs it")
+    elif method in schema.plugin_methods or plugin_fields:
+        subject = f"method {method}" if method in schema.plugin_methods else f"{plugin_fields[0]} (method {method})"
+        what = f"{subject} is Arctic Inference's: only its vLLM plugin runs it"
+    else:
+        return None
+    if schema.plugin is None:
+        return f"{what}, on CUDA (pip install arctic-inference, and {ARCTIC_ENV}=1 in the engine's env)"
+    env = {**os.environ, **(env or {})}
+    platform = platform or detect_platform()
+    if platform.name == "cpu" and env.get(_ARCTIC_SKIP_PLATFORM) != "1":
+        return f"{what}, and the plugin requires CUDA: it refuses to load on vLLM's CPU build"
+    if env.get(ARCTIC_ENV) != "1":
+        return f"{what}, where the engine's environment sets {ARCTIC_ENV}=1 (engine: env: in the space)"
+    installed = (schema.version or "").split("+")[0]
+    if schema.plugin_pin and installed and schema.plugin_pin != installed and env.get(_ARCTIC_SKIP_VERSION) != "1":
+        return f"{what}, and the plugin installed here patches vLLM {schema.plugin_pin} only, not {schema.name}"
+    return None
+
+
+def check_runnable(spec: SpecConfig, env: Mapping[str, str] | None = None, platform: Platform | None = None) -> None:
+    """Refuse ``spec`` before its engine starts where the engine here cannot run it (:func:`method_refusal`).
+
+    Raises:
+        ConfigError: one line saying why.
+    """
+    if why := method_refusal(spec.method.value, spec.extra_fields, env, platform):
+        raise ConfigError(f"{spec.label()}: {why}")
 
 
 _CLI = """\
