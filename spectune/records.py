@@ -13,6 +13,7 @@ __all__ = [
     "INTERRUPTED",
     "KNOBS_BY_SAMPLER",
     "RECHECK_BEST",
+    "RECHECK_CONTENDER",
     "RECHECK_SURPRISE",
     "RECORD_VERSION",
     "Placement",
@@ -33,6 +34,9 @@ RECHECK_SURPRISE = "outside its predicted interval"
 """Why guided search measured a configuration again: its measurement fell outside its prediction."""
 RECHECK_BEST = "the best when the search would stop"
 """Why guided search measured a configuration again: the best, before the search stops."""
+RECHECK_CONTENDER = "a rival when the search would stop"
+"""Why guided search measured a configuration again: measured on one engine, it still had more
+than the stopping rule's chance of beating the pick by more than the tolerance."""
 
 KNOBS_BY_SAMPLER = "engine knobs"
 """``guide_reason`` of a trial guided search asked for to try the engine knobs: its speculative

@@ -54,9 +54,12 @@ from spectune.predict._gauge import (
 )
 from spectune.predict._guide import (
     DEFAULT_MARGIN,
+    DEFAULT_STOP_CHANCE,
     GuidePlan,
+    chance_to_beat,
     could_beat,
     plan_next,
+    prediction_sd,
     surprising,
 )
 from spectune.predict._errors import FigureError, PredictionErrors
@@ -91,6 +94,7 @@ __all__ = [
     "PRIOR_ENGINE_SPREAD",
     "PRIOR_OVERHEAD_HIGH",
     "DEFAULT_MARGIN",
+    "DEFAULT_STOP_CHANCE",
     "DRAFT_REPLAY_SPREAD",
     "PRIOR_ALPHA",
     "AcceptanceProfile",
@@ -117,6 +121,7 @@ __all__ = [
     "at_typical_speed",
     "batch_cost",
     "conditional_acceptance",
+    "chance_to_beat",
     "could_beat",
     "derive_schedule",
     "draft_guesses",
@@ -139,6 +144,7 @@ __all__ = [
     "measured_profile",
     "plan_next",
     "predict_candidates",
+    "prediction_sd",
     "proposer_of",
     "replay_draft",
     "replay_head",

@@ -36,16 +36,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from spectune.predict._prediction import Prediction
 
-__all__ = ["DEFAULT_MARGIN", "GuidePlan", "plan_next", "surprising"]
+__all__ = ["DEFAULT_MARGIN", "DEFAULT_STOP_CHANCE", "GuidePlan", "chance_to_beat", "plan_next",
+           "prediction_sd", "surprising"]
 
 DEFAULT_MARGIN = 0.02
 """A candidate must be able to beat the best measured value by this much (relative) to be
-measured: the noise of one measurement (as :data:`spectune.results.NOISE_FLOOR`)."""
+measured: the noise of one measurement (as :data:`spectune.results.NOISE_FLOOR`); the least
+tolerance of the stopping rule."""
+
+DEFAULT_STOP_CHANCE = 0.05
+"""The search stops once no candidate left has more than this chance of beating the pick by more
+than the tolerance."""
 
 Reason = Literal["promising", "uncertain"]
 
@@ -60,6 +66,9 @@ class GuidePlan:
     """Candidates that could still beat the best, best predicted first."""
     skipped: list[Prediction]
     """Candidates predicted clearly worse than the best measured value."""
+    chances: dict[str, float] = field(default_factory=dict)
+    """Each candidate's chance (by label) of beating the pick by more than the tolerance
+    (:func:`chance_to_beat`); empty for a plan made against a bare best value."""
 
     def __bool__(self) -> bool:
         return self.pick is not None
@@ -70,6 +79,31 @@ def could_beat(p: Prediction, best: float, *, maximize: bool, margin: float = DE
     if maximize:
         return p.value.high > best * (1.0 + margin)
     return p.value.low < best * (1.0 - margin)
+
+
+def chance_to_beat(mean: float, sd: float, pick: float, pick_sd: float, *, tolerance: float,
+                   maximize: bool = True) -> float:
+    """The chance that a candidate whose true value is believed normal(``mean``, ``sd``) beats
+    the pick, believed normal(``pick``, ``pick_sd``), by more than ``tolerance`` (relative to the
+    pick): above ``pick * (1 + tolerance)`` when maximising, below ``pick * (1 - tolerance)``
+    when minimising. 1 against a pick that is not finite (nothing feasible measured)."""
+    if not math.isfinite(pick):
+        return 1.0
+    scale = 1.0 + tolerance if maximize else 1.0 - tolerance
+    gap = (mean - pick * scale) if maximize else (pick * scale - mean)
+    sd_total = math.hypot(sd, scale * pick_sd)
+    if not math.isfinite(gap) or not math.isfinite(sd_total):
+        return 1.0
+    if sd_total <= 0.0:
+        return 1.0 if gap > 0.0 else 0.0
+    return 0.5 * math.erfc(-gap / (sd_total * math.sqrt(2.0)))
+
+
+def prediction_sd(p: Prediction, *, maximize: bool = True) -> float:
+    """The standard deviation a prediction's interval stands for on the side that could beat
+    the pick: its optimistic end taken as two standard deviations from its value."""
+    side = (p.value.high - p.value.value) if maximize else (p.value.value - p.value.low)
+    return max(0.0, side) / 2.0 if math.isfinite(side) else math.inf
 
 
 def surprising(low: float, high: float, measured: float, *, margin: float = DEFAULT_MARGIN) -> bool:
@@ -88,27 +122,47 @@ def relative_width(p: Prediction) -> float:
 def plan_next(
     ranking: Sequence[Prediction],
     *,
-    best: float,
+    best: float | None = None,
     maximize: bool = True,
     step: int = 0,
     margin: float = DEFAULT_MARGIN,
     contested: bool = False,
+    pick: float | None = None,
+    pick_sd: float = 0.0,
+    stop_chance: float = DEFAULT_STOP_CHANCE,
 ) -> GuidePlan:
     """Plan the next measurement among the unmeasured candidates' predictions ``ranking``
     (best first, as :func:`~spectune.predict.predict_candidates` returns them).
 
-    ``best`` is the best (feasible) value measured so far, the baseline's included; ``step``
-    counts the guided picks made so far: even steps take the most promising candidate, odd ones
-    the most uncertain (see the module docstring). ``contested``: the search would have stopped
-    on its best, measured it again on a fresh engine, and goes on; its lead is in question, and
-    the candidate likeliest to take it is the most promising, whatever the step.
+    Against the pick (what guided search runs): ``pick`` is the value of the configuration the
+    study would choose now (its mean over its engines) and ``pick_sd`` how uncertain that mean
+    is; a candidate stays alive while its chance of beating the pick by more than ``margin``
+    (the study's tolerance) exceeds ``stop_chance`` (:func:`chance_to_beat`, the prediction's
+    spread from :func:`prediction_sd`). Against a bare ``best`` value (the best measured at the
+    low end of its noise): alive while the optimistic end beats it by more than ``margin``
+    (:func:`could_beat`). ``step`` counts the guided picks made so far: even steps take the most
+    promising candidate, odd ones the most uncertain (see the module docstring). ``contested``:
+    the search would have stopped on its best, measured it again on a fresh engine, and goes on;
+    its lead is in question, and the candidate likeliest to take it is the most promising,
+    whatever the step.
+
+    Raises:
+        ValueError: neither ``pick`` nor ``best`` given.
     """
-    alive = [p for p in ranking if could_beat(p, best, maximize=maximize, margin=margin)]
+    chances: dict[str, float] = {}
+    if pick is not None:
+        chances = {p.label: chance_to_beat(p.value.value, prediction_sd(p, maximize=maximize), pick, pick_sd,
+                                           tolerance=margin, maximize=maximize) for p in ranking}
+        alive = [p for p in ranking if chances[p.label] > stop_chance]
+    elif best is not None:
+        alive = [p for p in ranking if could_beat(p, best, maximize=maximize, margin=margin)]
+    else:
+        raise ValueError("plan_next needs the pick's value or the best measured value")
     skipped = [p for p in ranking if p not in alive]
     if not alive:
-        return GuidePlan(None, None, [], skipped)
+        return GuidePlan(None, None, [], skipped, chances)
     promising = alive[0]
     uncertain = max(alive, key=lambda p: (relative_width(p), -alive.index(p)))
     if step % 2 == 1 and not contested and relative_width(uncertain) > 2 * margin:
-        return GuidePlan(uncertain, "uncertain", alive, skipped)
-    return GuidePlan(promising, "promising", alive, skipped)
+        return GuidePlan(uncertain, "uncertain", alive, skipped, chances)
+    return GuidePlan(promising, "promising", alive, skipped, chances)

@@ -28,15 +28,17 @@ import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
 from spectune.measurement import spec_key
-from spectune.predict import DraftReplays
+from spectune.predict import DEFAULT_MARGIN, DEFAULT_STOP_CHANCE, DraftReplays, chance_to_beat
 from spectune.records import (
     KNOBS_BY_SAMPLER,
     RECHECK_BEST,
+    RECHECK_CONTENDER,
     RECHECK_SURPRISE,
     StudyRecord,
     TrialRecord,
@@ -98,8 +100,11 @@ class StudyStrategy(SearchStrategy):
         self, *, space: SearchSpace, store: MeasurementStore, url: str, sampler: str, objectives: int,
         trials: int, confirm: int, on_guide_stop: Callable[[int], None] | None = None,
         time_budget: float | None = None, on_budget_spent: Callable[[float], None] | None = None,
+        tolerance: float | None = None, on_guide_stopped: Callable[[str], None] | None = None,
     ) -> None:
         self.space = space
+        self.tolerance = tolerance
+        self.on_guide_stopped = on_guide_stopped
         self.store = store
         self.url = url
         self.trials = trials
@@ -228,51 +233,79 @@ class StudyStrategy(SearchStrategy):
             if any(t.in_flight and t.rec.is_baseline for t in trials):
                 return Wait("guided search predicts from the baseline, which is running")
             return Run(None, why="no baseline to predict from: the sampler chooses")
-        if (recheck := self._recheck_surprise(trials)) is not None:  # before anything is fitted on that one engine
+        maximize = view.maximize
+        standing = _standing(view, maximize, self.tolerance)
+        if (recheck := self._recheck_surprise(trials, standing)) is not None:  # before anything is fitted on that engine
             return recheck
         inputs = study_inputs(view, confirmations=False, drafts=self.drafts)  # the search plans on its own measurements
         busy = {spec_key(t.rec.spec) for t in trials if t.in_flight and t.rec.spec}  # other workers' candidates
         todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
-        if not todo:
-            if inputs.candidates:
-                return Wait("every candidate left is running on another worker")
-            return self._explore_knobs(view, trials)
-        best, top = _best_measured(view, inputs.maximize)
+        if not todo and inputs.candidates:
+            return Wait("every candidate left is running on another worker")
+        top = standing.top
         step = sum(1 for t in trials if t.rec.guided and t.rec.retry_of is None)
         # its best measured again before stopping, and the search goes on: no guided pick since then
         rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
         contested = rechecked is not None and not any(t.rec.guided and t.number > rechecked for t in trials)
-        plan = plan_next(inputs.predict(todo), best=best, maximize=inputs.maximize, step=step, contested=contested)
+        plan = plan_next(inputs.predict(todo), maximize=maximize, step=step, contested=contested,
+                         margin=standing.tolerance, pick=standing.pick, pick_sd=standing.pick_sd,
+                         stop_chance=STOP_CHANCE)
+        unmeasured = max(plan.chances.values(), default=0.0)
+        contenders = standing.contenders()  # measured on one engine, with a chance above the threshold
         errors = inputs.errors()
-        write_study_fields(study, guide={
-            "best_measured": best,
+        guide = {
+            "best_measured": standing.pick,
             "engine_spread": inputs.engine_spread,  # over the same trials as best and top
+            "tolerance": standing.tolerance,
+            "stop_chance": STOP_CHANCE,
+            "chance": max(unmeasured, standing.chance()),
             "errors": errors.record() if errors is not None else None,
             "engine_knobs": (f"speculative configurations from guided search's models; engine knobs "
                              f"({', '.join(self.space.knobs)}) from Optuna's {type(study.sampler).__name__}, "
                              "which spectune has no model of") if self.space.knobs else None,
             "candidates_left": len(plan.candidates),
             "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
-                         "optimistic": p.value.high if inputs.maximize else p.value.low, "source": p.source}
+                         "optimistic": p.value.high if maximize else p.value.low, "source": p.source,
+                         "chance": plan.chances.get(p.label)}
                         for p in plan.skipped],
-        })
+        }
         if plan.pick is None and busy:
+            write_study_fields(study, guide=guide)
             return Wait("guided search would stop; the trials running may change its plan")
-        if plan.pick is None and top is not None and len(top.values) == 1 and top.row.number not in measured_again(trials):
+        if plan.pick is None and top is not None and len(top.values) == 1 \
+                and top.row.number not in measured_again(trials) and (contenders or unmeasured > STOP_CHANCE
+                                                                       or standing.chance(settled=True) > STOP_CHANCE):
+            write_study_fields(study, guide=guide)
             _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
             first = next(t for t in trials if t.number == top.row.number)
             return Run(first.params, TrialRecord(confirms=top.row.number, recheck=RECHECK_BEST),
                        why=f"{RECHECK_BEST}, again on a fresh engine")
+        if plan.pick is None and contenders:  # a rival measured once could still beat the pick: once more
+            rival, chance = contenders[0]
+            write_study_fields(study, guide=guide)
+            _logger.info("guided search would stop; first measuring %s again (a %.0f %% chance of beating %s by "
+                         "more than %.1f %%)", rival.row.label, 100 * chance, top.row.label if top else "-",
+                         100 * standing.tolerance)
+            first = next(t for t in trials if t.number == rival.row.number)
+            return Run(first.params, TrialRecord(confirms=rival.row.number, recheck=RECHECK_CONTENDER),
+                       why=f"{RECHECK_CONTENDER}, again on a fresh engine")
         if plan.pick is None and (explore := self._explore_knobs(view, trials)) is not None:
+            write_study_fields(study, guide=guide)
             return explore
         if plan.pick is None:
+            why = stop_reason(len(plan.skipped), guide["chance"], standing.tolerance,
+                              top.row.label if top is not None else None, top.row.number if top is not None else None)
+            guide["stop_reason"] = why
+            write_study_fields(study, guide=guide)
             if not self._stop_reported:
-                _logger.info("guided search stops: the %d candidates left are predicted clearly worse than %.4g",
-                             len(plan.skipped), best)
+                _logger.info("guided search stops: %s", why)
                 self._stop_reported = True
                 if self.on_guide_stop is not None:
                     self.on_guide_stop(len(plan.skipped))
+                if self.on_guide_stopped is not None:
+                    self.on_guide_stopped(why)
             return None
+        write_study_fields(study, guide=guide)
         p = plan.pick
         return Run(self.space.params_of(p.spec), TrialRecord(
             predicted_objective=p.objective, predicted=p.value.value, predicted_low=p.value.low,
@@ -299,9 +332,12 @@ class StudyStrategy(SearchStrategy):
                    why=f"the best speculative configuration, {top.row.label}, at engine knobs "
                        f"({', '.join(self.space.knobs)}) Optuna's sampler chooses: spectune has no model of them")
 
-    def _recheck_surprise(self, trials: Sequence[Snapshot]) -> Run | None:
+    def _recheck_surprise(self, trials: Sequence[Snapshot], standing: _Standing | None = None) -> Run | None:
         """A fresh-engine measurement of a guided pick measured outside its predicted interval
-        (:func:`spectune.predict.surprising`) and not measured again yet."""
+        (:func:`spectune.predict.surprising`) and not measured again yet. With the search's
+        ``standing``, only a pick that still matters: its prediction, or its measurement, has more
+        than :data:`STOP_CHANCE` of beating the pick by more than the tolerance (a surprise far
+        below a pick it was never likely to beat moves nothing the decision needs)."""
         from spectune.predict import surprising
 
         again = measured_again(trials)
@@ -309,7 +345,8 @@ class StudyStrategy(SearchStrategy):
             r = t.rec
             if t.state == "COMPLETE" and r.guided and r.duplicate_of is None and not r.measured_again \
                     and t.number not in again and t.values and r.predicted_low is not None \
-                    and r.predicted_high is not None and surprising(r.predicted_low, r.predicted_high, t.values[0]):
+                    and r.predicted_high is not None and surprising(r.predicted_low, r.predicted_high, t.values[0]) \
+                    and (standing is None or standing.matters(t)):
                 _logger.info("trial %d measured %.4g, outside its predicted interval [%.4g, %.4g]: measuring it again",
                              t.number, t.values[0], r.predicted_low, r.predicted_high)
                 return Run(t.params, TrialRecord(confirms=t.number, recheck=RECHECK_SURPRISE),
@@ -347,6 +384,91 @@ class StudyStrategy(SearchStrategy):
         first = todo[0].row.number
         return Run(by_number[first].params, TrialRecord(confirms=first), why=f"confirming trial {first} on a fresh engine",
                    progress=(finished + confirmed + 1, finished + confirmed + len(todo)))
+
+
+STOP_CHANCE = DEFAULT_STOP_CHANCE
+"""Guided search stops once no candidate, unmeasured or measured on one engine, has more than
+this chance of beating the pick by more than the tolerance."""
+
+
+def study_tolerance(tolerance: float | None, spread: float | None) -> float:
+    """The tolerance of the stopping rule: the study's setting, else the larger of
+    :data:`~spectune.predict.DEFAULT_MARGIN` (2 %) and the engines' measured spread."""
+    if tolerance is not None:
+        return tolerance
+    return max(DEFAULT_MARGIN, spread or 0.0)
+
+
+def stop_reason(skipped: int, chance: float, tolerance: float, pick: str | None, number: int | None) -> str:
+    """Why guided search stopped, in one line (the log, ``show`` and the report say it)."""
+    where = f"{pick} (trial {number})" if pick is not None else "the pick"
+    return (f"no candidate left has more than a {STOP_CHANCE:.0%} chance of beating {where} by more than "
+            f"{tolerance:.1%} (the highest: {chance:.1%}; {skipped} unmeasured)")
+
+
+@dataclass(frozen=True)
+class _Standing:
+    """Where the search stands against its pick: the configuration the study would choose (by its
+    mean over its engines), how uncertain that mean is, the tolerance, and the other measured
+    configurations."""
+
+    top: Engines | None
+    pick: float
+    pick_sd: float
+    tolerance: float
+    one_start: float
+    """The relative spread of one engine start: the study's engine spread, the prior's until measured."""
+    rivals: list[Engines]
+    maximize: bool
+
+    def sd(self, c: Engines) -> float:
+        return abs(c.value) * max(c.noise, self.one_start) / math.sqrt(len(c.values))
+
+    def chance_of(self, c: Engines) -> float:
+        return chance_to_beat(c.value, self.sd(c), self.pick, self.pick_sd, tolerance=self.tolerance,
+                              maximize=self.maximize)
+
+    def contenders(self) -> list[tuple[Engines, float]]:
+        """Rivals measured on one engine whose chance exceeds :data:`STOP_CHANCE`, likeliest first.
+        A configuration measured on two engines is settled: never measured again by the search."""
+        found = [(c, self.chance_of(c)) for c in self.rivals if len(c.values) == 1]
+        return sorted(((c, p) for c, p in found if p > STOP_CHANCE), key=lambda cp: -cp[1])
+
+    def chance(self, *, settled: bool = False) -> float:
+        """The highest chance among the rivals measured on one engine (``settled``: on two or more)."""
+        return max((self.chance_of(c) for c in self.rivals if (len(c.values) > 1) == settled), default=0.0)
+
+    def matters(self, t: Snapshot) -> bool:
+        """Whether a surprising trial could still beat the pick: by its prediction or its measurement."""
+        if self.top is None or t.number in self.top.numbers:
+            return True
+        rec, value = t.rec, (t.values or [math.nan])[0]
+        side = (rec.predicted_high - rec.predicted) if self.maximize else (rec.predicted - rec.predicted_low) \
+            if rec.predicted is not None and rec.predicted_high is not None and rec.predicted_low is not None else math.nan
+        sd_pred = max(0.0, side) / 2.0 if math.isfinite(side) else math.inf
+        predicted = rec.predicted if rec.predicted is not None else value
+        by_prediction = chance_to_beat(predicted, sd_pred, self.pick, self.pick_sd, tolerance=self.tolerance,
+                                       maximize=self.maximize)
+        by_measurement = chance_to_beat(value, abs(value) * self.one_start, self.pick, self.pick_sd,
+                                        tolerance=self.tolerance, maximize=self.maximize)
+        return max(by_prediction, by_measurement) > STOP_CHANCE
+
+
+def _standing(view: StudyView, maximize: bool, tolerance: float | None) -> _Standing:
+    from spectune.predict import PRIOR_ENGINE_SPREAD
+    from spectune.results import engine_spread
+
+    engines = view.engines(confirmations=False)
+    spread = engine_spread(engines)
+    feasible = [c for c in engines if c.feasible]
+    sign = 1.0 if maximize else -1.0
+    top = max(feasible, key=lambda c: sign * c.value) if feasible else None
+    one = spread if spread is not None else PRIOR_ENGINE_SPREAD
+    if top is None:
+        return _Standing(None, -sign * math.inf, 0.0, study_tolerance(tolerance, spread), one, [], maximize)
+    pick_sd = abs(top.value) * max(top.noise, one) / math.sqrt(len(top.values))
+    return _Standing(top, top.value, pick_sd, study_tolerance(tolerance, spread), one,
+                     [c for c in feasible if c is not top], maximize)
 
 
 def _best_measured(view: StudyView, maximize: bool) -> tuple[float, Engines | None]:
