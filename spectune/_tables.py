@@ -108,7 +108,7 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
     from rich.markup import escape
 
     from spectune.records import StudyRecord
-    from spectune.results import engine_spread, engine_spread_note, prediction_errors_note
+    from spectune.results import engine_spread, engine_spread_note, prediction_errors_note, stop_note
 
     console = console or Console()
     guided = any(r.predicted is not None for r in view.rows)
@@ -147,7 +147,9 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
     if guide.get("engine_knobs"):
         console.print(f"chosen: {escape(guide['engine_knobs'])}")
     skipped = guide.get("skipped") or []
-    if skipped:
+    if (stopped := stop_note(view)) is not None:
+        console.print(escape(stopped) + " (spectune predict ranks the candidates left)")
+    elif skipped:
         console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "
                       f"the best measured (spectune predict ranks them)")
     if (spread := engine_spread_note(engine_spread(view.engines()))) is not None:

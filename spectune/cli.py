@@ -145,6 +145,7 @@ def optimize(
     sampler: Annotated[Optional[str], typer.Option(help="guided (default: measure what the models predict best or know least, stop when the rest is clearly worse), tpe, random or grid.")] = None,
     confirm: Annotated[Optional[int], typer.Option(min=0, help="After the search, measure the baseline and this many best configurations again on fresh engines; choose on the means.")] = None,
     time_budget: Annotated[Optional[str], typer.Option(help="Engine time the study may spend over all its trials: seconds or 90s, 10m, 2h. No trial starts that would end past it.")] = None,
+    tolerance: Annotated[Optional[float], typer.Option(min=0.0, max=0.99, help="Guided search stops once no candidate has more than a 5 % chance of beating the pick by more than this (0.05: 5 %). Default: the larger of 2 % and the measured spread between engine starts.")] = None,
     max_memory: Annotated[Optional[str], typer.Option(help="A configuration whose engine takes more memory is infeasible: 70GiB (GPU memory on GPUs, resident memory on a CPU).")] = None,
     min_kv_cache_tokens: Annotated[Optional[int], typer.Option(min=1, help="A configuration whose KV cache holds fewer tokens is infeasible.")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair).")] = None,
@@ -159,7 +160,7 @@ def optimize(
         "target": target, "draft": draft, "space": space, "workload": workload,
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
-        "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,
+        "tolerance": tolerance, "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,
     })
     slots = parse_gpus(gpus)
     with worker_claim(resolve_storage_url(cfg.storage)):  # a second process on SQLite writes nothing

@@ -172,6 +172,14 @@ def prediction_errors_note(view: StudyView) -> str | None:
     return f"Predictions: {errors['line']}." if isinstance(errors, dict) and errors.get("line") else None
 
 
+def stop_note(view: StudyView) -> str | None:
+    """Why guided search stopped, with the highest chance a candidate had left of beating the
+    pick by more than the tolerance, as one sentence; None while it has not stopped (or for a
+    study of another sampler)."""
+    why = (StudyRecord.of(view.study).guide or {}).get("stop_reason")
+    return f"Guided search stopped: {why}." if isinstance(why, str) and why else None
+
+
 @dataclass(frozen=True)
 class Choice:
     """The configuration to deploy, and why."""

@@ -100,6 +100,11 @@ class StudyConfig(StrictModel):
         "fresh engine: the choice then rests on each one's mean over its engines, and its noise band on "
         "the spread between them (engine starts differ more than windows on one engine).",
     )
+    tolerance: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="Guided search stops once no candidate has more than a 5 % chance of beating the pick by "
+        "more than this (relative): 0.05 is 5 %. Default: the larger of 2 % and the study's measured "
+        "spread between engine starts.")
     time_budget: float | None = Field(
         default=None, gt=0,
         description="Engine time the study may spend, summed over its trials on every worker: seconds, or "
@@ -175,9 +180,10 @@ class StudyEvent:
     """Progress of a study, given to the progress hook after each trial and during one."""
 
     kind: str
-    """"trial_start", "trial_phase", "trial_end", "guide_stop" (``done``: candidates skipped),
-    "budget_stop" (``done``: engine seconds spent, ``of``: the time budget)."""
+    """"trial_start", "trial_phase", "trial_end", "guide_stop" (``done``: candidates skipped,
+    ``reason``: why it stopped), "budget_stop" (``done``: engine seconds spent, ``of``: the time budget)."""
     number: int
+    """The trial's place in the study's count (1 for the first), ``total`` the count planned."""
     total: int
     label: str
     phase: str = ""
@@ -188,6 +194,8 @@ class StudyEvent:
     reason: str | None = None
     best_label: str | None = None
     best_speedup: float | None = None
+    trial: int | None = None
+    """The trial's number as ``spectune show``, the report and the export give it (Optuna's, from 0)."""
 
 
 StudyHook = Callable[[StudyEvent], None]

@@ -355,8 +355,8 @@ def run_worker(
         _check_placement(ctx, slots)
         strategy = strategy or StudyStrategy(
             space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler, objectives=len(config.objectives),
-            trials=config.trials, confirm=config.confirm, time_budget=config.time_budget,
-            on_guide_stop=lambda skipped: hook(StudyEvent("guide_stop", 0, config.trials, "", done=skipped)),
+            trials=config.trials, confirm=config.confirm, time_budget=config.time_budget, tolerance=config.tolerance,
+            on_guide_stopped=lambda why: hook(StudyEvent("guide_stop", 0, config.trials, "", reason=why)),
             on_budget_spent=lambda spent: hook(StudyEvent("budget_stop", 0, config.trials, "", done=round(spent),
                                                           of=round(config.time_budget or 0))))
         run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,

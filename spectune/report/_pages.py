@@ -17,7 +17,7 @@ from spectune.errors import ConfigError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import best_config_yaml, best_line, decide, fmt
-from spectune.results import engine_spread_note, prediction_errors_note
+from spectune.results import engine_spread_note, prediction_errors_note, stop_note
 
 if TYPE_CHECKING:
 
@@ -187,6 +187,8 @@ def render_html(view: StudyView) -> str:
             parts.append(f"<p>{e(spread)}</p>")
         if (errors := prediction_errors_note(view)) is not None:
             parts.append(f"<p id='prediction-errors'>{e(errors)}</p>")
+        if (stopped := stop_note(view)) is not None:
+            parts.append(f"<p id='stop'>{e(stopped)}</p>")
         if ctx.yaml is not None:
             parts.append(f"<p>As <code>vllm serve --config best.yaml</code>:</p><pre>{e(ctx.yaml)}</pre>")
     parts.append("<h2>Figures</h2><div class='figs'>")
@@ -235,6 +237,8 @@ def render_markdown(view: StudyView) -> str:
             lines += [spread, ""]
         if (errors := prediction_errors_note(view)) is not None:
             lines += [errors, ""]
+        if (stopped := stop_note(view)) is not None:
+            lines += [stopped, ""]
         if ctx.yaml is not None:
             lines += ["```yaml", ctx.yaml.rstrip(), "```", ""]
     header = _trial_header(view)
