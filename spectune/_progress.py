@@ -225,15 +225,15 @@ class StudyProgress:
             if self.enabled:
                 assert self._study_task is not None
                 self.progress.update(self._study_task, completed=e.number - 1, total=e.total,
-                                     description=f"trial {e.number} of {e.total}  {best}")
+                                     description=f"{_trial(e)}  {best}")
             else:
-                self.console.print(f"trial {e.number} of {e.total}: {escape(self.label(e.label))} ...", soft_wrap=True)
+                self.console.print(f"{_trial(e)}: {escape(self.label(e.label))} ...", soft_wrap=True)
         elif e.kind == "budget_stop":
             self.console.print(f"time budget spent: {clock(e.done)} of engine time of {clock(e.of)}; no more "
                                f"trials start  [dim]{best}[/dim]", soft_wrap=True)
         elif e.kind == "guide_stop":
-            self.console.print(f"guided search stops: the {e.done} candidates left are predicted clearly "
-                               f"worse than the best measured  [dim]{best}[/dim]", soft_wrap=True)
+            self.console.print(f"guided search stops: {escape(e.reason or 'nothing left could beat the best')}"
+                               f"  [dim]{best}[/dim]", soft_wrap=True)
         elif e.kind == "trial_end":
             if (running := self._trials.pop(e.label, None)) is not None:
                 running.close(done=False)
@@ -242,7 +242,7 @@ class StudyProgress:
             state = short_state(e.state) if self.narrow else e.state
             why = f": {escape(e.reason)}" if e.reason else ""
             self.console.print(
-                f"trial {e.number} of {e.total} [{color}]{state}[/{color}] {escape(self.label(e.label))}{value}{why}"
+                f"{_trial(e)} [{color}]{state}[/{color}] {escape(self.label(e.label))}{value}{why}"
                 + (f"  [dim]{best}[/dim]" if best else ""), soft_wrap=True)
             if self.enabled:
                 assert self._study_task is not None
@@ -255,3 +255,14 @@ class StudyProgress:
                               progress=self.progress if self.enabled else None)
         self._trials[label] = trial
         return trial.hook
+
+
+def _trial(e: object) -> str:
+    """A trial as the progress lines name it: its number as ``spectune show``, the report and the
+    export give it, then its place in the study's count (``trial 4 (5 of 8)``)."""
+    from spectune.study import StudyEvent
+
+    assert isinstance(e, StudyEvent)
+    if e.trial is None:
+        return f"trial {e.number} of {e.total}"
+    return f"trial {e.trial} ({e.number} of {e.total})"

@@ -80,7 +80,7 @@ class TrialFunction:
         rec = TrialRecord.of(trial)
         name = rec.config or spec.label()  # with the engine knobs' values where the space tunes some
         label = name if rec.confirms is None else f"{name} (again, as #{rec.confirms})"
-        self.hook(StudyEvent("trial_start", number, of, label))
+        self.hook(StudyEvent("trial_start", number, of, label, trial=trial.number))
         if rec.duplicate_of is not None:
             return self._reuse(trial, name, rec.duplicate_of, progress)
         phase_hook = self.trial_progress(name) if self.trial_progress else None
@@ -97,14 +97,14 @@ class TrialFunction:
             write_fields(trial, fail_reason=str(e))
             self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
                               spec_key=key, error=str(e))
-            self._end(number, of, name, "FAIL", None, str(e))
+            self._end(number, of, name, "FAIL", None, str(e), trial=trial.number)
             raise
         except KeyboardInterrupt:
             write_fields(trial, fail_reason=INTERRUPTED)
             raise
         self.counts["measured"] += 1
         self._record(trial, rec, tid, spec, m, values)
-        self._end(number, of, name, "COMPLETE", values, None, finishing=(trial.number, values))
+        self._end(number, of, name, "COMPLETE", values, None, finishing=(trial.number, values), trial=trial.number)
         return values
 
     def _record(self, trial: optuna.Trial, rec: TrialRecord, tid: int, spec: SpecConfig, m: Measurement,
@@ -136,10 +136,10 @@ class TrialFunction:
         if previous.state.name != "COMPLETE":
             reason = f"same candidate as trial {previous.number}: {before.fail_reason or 'failed'}"
             write_fields(trial, fail_reason=reason)
-            self._end(*progress, name, "FAIL", None, reason)
+            self._end(*progress, name, "FAIL", None, reason, trial=trial.number)
             raise EngineError(reason)
         values = list(previous.values)
-        self._end(*progress, name, "REUSED", values, None)
+        self._end(*progress, name, "REUSED", values, None, trial=trial.number)
         return values
 
     def _wait_finished(self, number: int, poll: float = 2.0) -> optuna.trial.FrozenTrial:
@@ -157,10 +157,10 @@ class TrialFunction:
         return None
 
     def _end(self, number: int, of: int, name: str, state: str, values: list[float] | None,
-             reason: str | None, finishing: tuple[int, list[float]] | None = None) -> None:
+             reason: str | None, finishing: tuple[int, list[float]] | None = None, *, trial: int | None = None) -> None:
         label, gain = self.best_so_far(finishing)
         self.hook(StudyEvent("trial_end", number, of, name, state=state, values=values, reason=reason,
-                             best_label=label, best_speedup=gain))
+                             best_label=label, best_speedup=gain, trial=trial))
 
     def best_so_far(self, finishing: tuple[int, list[float]] | None = None) -> tuple[str | None, float | None]:
         """The best feasible configuration so far and its speedup, among the configurations

@@ -75,10 +75,11 @@ def test_without_a_terminal_each_trial_and_each_of_its_phases_is_a_line() -> Non
             hook("measure", done, 8)
         progress.on_event(StudyEvent("trial_end", 3, 4, DRAFT, state="FAIL", reason="engine exited with code 1",
                                      best_label=NGRAM, best_speedup=1.37))
-        progress.on_event(StudyEvent("trial_start", 4, 4, NGRAM))
+        progress.on_event(StudyEvent("trial_start", 4, 4, NGRAM, trial=3))
         progress.on_event(StudyEvent("trial_end", 4, 4, NGRAM, state="REUSED", values=[137.0],
-                                     best_label=NGRAM, best_speedup=1.37))
-        progress.on_event(StudyEvent("guide_stop", 0, 4, "", done=6))
+                                     best_label=NGRAM, best_speedup=1.37, trial=3))
+        progress.on_event(StudyEvent("guide_stop", 0, 4, "", reason="no candidate left has more than a 5% chance "
+                                     "of beating ngram (trial 1) by more than 2.0% (the highest: 1.2%; 6 unmeasured)"))
     lines = [line.rstrip() for line in console.export_text().splitlines()]
     assert lines[:3] == ["trial 1 of 4: none ...",
                          "trial 1 of 4 COMPLETE none 100  best so far: none (1.00x)",
@@ -89,8 +90,11 @@ def test_without_a_terminal_each_trial_and_each_of_its_phases_is_a_line() -> Non
         f"  {DRAFT}: starting engine (limit 30:00)", f"  {DRAFT}: warming up", f"  {DRAFT}: measuring 8 requests"]
     assert re.fullmatch(rf"trial 3 of 4 FAIL {re.escape(DRAFT)}: engine exited with code 1  {re.escape(BEST)}",
                         lines[8]), lines[8]
-    assert lines[10] == f"trial 4 of 4 REUSED {NGRAM} 137  {BEST}"
-    assert lines[11].startswith("guided search stops: the 6 candidates left are predicted clearly worse")
+    # numbered as show and the export number it (Optuna's trial 3), then its place in the count
+    assert lines[9] == f"trial 3 (4 of 4): {NGRAM} ..."
+    assert lines[10] == f"trial 3 (4 of 4) REUSED {NGRAM} 137  {BEST}"
+    assert lines[11].startswith("guided search stops: no candidate left has more than a 5% chance of beating "
+                                "ngram (trial 1) by more than 2.0% (the highest: 1.2%")
     assert len(lines) == 12
 
 
