@@ -24,6 +24,13 @@ settings for all:
    ``baseline_pick_rate`` is the share that export the baseline (null elsewhere);
    ``prior_interval_hit_rate`` is the share whose first speculative trial measured a value inside
    the interval guided search predicted for it from the prior and the baseline alone;
+   the same replays give, per landscape, ``stop_ratio`` (the median over the seeds of a study's
+   engine seconds from its first trial until it stopped, rechecks included, over the grid's:
+   every candidate's first recorded start once), ``band_coverage`` (the share of studies whose
+   exported band, the choice's value +- its noise band, holds the landscape's best mean) and
+   ``regret_median`` (how far the choice's mean lies below the best mean, median over the
+   seeds); and ``rival_rules``: successive halving and the rule of vLLM's closed
+   ``tune_speculative_k`` replayed on the same kind of draws (:func:`rival_rules`);
 3. ``prior_interval_coverage``: every speculative candidate predicted from one recorded engine
    start of the baseline alone (each start in turn), as a study predicts before its first
    speculative trial: the share of (start, candidate) pairs whose candidate mean lies inside the
@@ -47,7 +54,10 @@ rest on)::
     .venv/bin/python benchmarks/landscapes.py --markdown   # the table of landscapes.json, as RESULTS.md shows it
 
 With ``--landscape``, the rows of the landscapes named replace theirs in ``--out`` and the others
-are kept, each with its own ``evaluated_at``.
+are kept, each with its own ``evaluated_at``. ``--decision-only`` replays step 2 alone (the
+stored evaluate results and prior coverage are kept)::
+
+    .venv/bin/python benchmarks/landscapes.py --decision-only --decision-seeds 10
 """
 
 from __future__ import annotations
@@ -80,8 +90,9 @@ def _result_path(name: str) -> Path:
     return RESULTS / ("search_efficiency.json" if name == "tiny" else f"search_efficiency_{name}.json")
 
 
-def _noisy_measurer(landscape: Landscape, seed: int):  # noqa: ANN202
-    """Answers each call with an engine start of its candidate drawn at random (seeded)."""
+def _noisy_measurer(landscape: Landscape, seed: int, spent: list[float] | None = None):  # noqa: ANN202
+    """Answers each call with an engine start of its candidate drawn at random (seeded); each
+    call appends that start's engine seconds to ``spent``."""
     from spectune.errors import EngineError
     from spectune.measurement import spec_key
 
@@ -89,6 +100,8 @@ def _noisy_measurer(landscape: Landscape, seed: int):  # noqa: ANN202
 
     def measure(engine: object, spec: Any, *args: object, **kwargs: object) -> Any:
         p = rng.choice(engines[spec_key(spec.to_vllm())])
+        if spent is not None:
+            spent.append(p.engine_seconds)
         if p.measurement is None:
             raise EngineError(p.error or "engine failed")
         return p.measurement
@@ -108,22 +121,133 @@ def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
     band = landscape.noise_band(objective.value)
     base = means.get("none")
     decided = base is not None and sign * (means[best] / base - 1.0) > band
+    grid = grid_engine_seconds(landscape)
     chosen: list[str] = []
     firsts: list[dict[str, Any] | None] = []
+    stop_ratios: list[float] = []
+    covered: list[bool] = []
+    stopped: list[str | None] = []
     with tempfile.TemporaryDirectory(prefix="spectune-landscapes-") as work:
         for seed in range(seeds):
             config = landscape.config(storage=f"sqlite:///{work}/d{seed}.db", study_name=f"d{seed}", sampler="guided",
                                       seed=seed, trials=len(landscape.engines()), log_dir=f"{work}/logs")
-            run_study(config, measure_fn=_noisy_measurer(landscape, seed))
+            spent: list[float] = []
+            run_study(config, measure_fn=_noisy_measurer(landscape, seed, spent))
             view = open_study(config.storage, f"d{seed}")
-            chosen.append(view.best().row.label)
+            choice = view.best()
+            chosen.append(choice.row.label)
             firsts.append(_first_speculative(view.study))
+            stop_ratios.append(sum(spent) / grid)
+            covered.append(band_holds(means[best], choice.value, choice.noise_band))
+            stopped.append((view.study.user_attrs.get("guide") or {}).get("stop_reason"))
     same = [c == best or sign * (means.get(c, -sign * math.inf) / means[best] - 1.0) >= -band for c in chosen]
+    regret = [regret_of(means, best, c, sign) for c in chosen]
     hits = [f["inside"] for f in firsts if f is not None]
     return {"best": best, "noise_band": band, "beats_baseline_beyond_noise": decided, "chosen": chosen,
             "same_pick_rate": statistics.fmean(same),
             "baseline_pick_rate": None if decided else statistics.fmean(c == "none" for c in chosen),
-            "prior_interval_hit_rate": statistics.fmean(hits) if hits else None, "first_speculative": firsts}
+            "prior_interval_hit_rate": statistics.fmean(hits) if hits else None, "first_speculative": firsts,
+            "stop_ratios": stop_ratios, "stop_ratio": statistics.median(stop_ratios),
+            "band_covered": covered, "band_coverage": statistics.fmean(covered),
+            "regrets": regret, "regret_median": statistics.median(regret), "stop_reasons": stopped}
+
+
+VLLM_MAD_SCALE = 1.4826
+"""vLLM's closed ``tune_speculative_k``: a k scores its median minus this times its MAD over runs."""
+VLLM_TIE = 0.01
+"""...and scores within 1 % of the best go to the smaller k."""
+VLLM_RUNS = 3
+"""Engine starts per candidate the vLLM rule is replayed with (drawn from the recorded ones)."""
+
+
+def rival_rules(landscape: Landscape, seeds: int) -> dict[str, dict[str, Any]]:
+    """Two other ways to decide, replayed on the landscape with the same random draws of its
+    recorded engine starts as :func:`decision_quality` (one start drawn per measurement):
+
+    - ``successive_halving``: every candidate on one engine, then the better half (by its mean so
+      far) once more, and so on until one is left: the pick;
+    - ``vllm_tune_k``: the rule of vLLM's closed ``tune_speculative_k``: every candidate on
+      :data:`VLLM_RUNS` engines, scored by its median minus :data:`VLLM_MAD_SCALE` x MAD, the
+      pick the best score, where scores within :data:`VLLM_TIE` of it go to the smaller k (the
+      baseline's k is 0).
+
+    Per rule: ``stop_ratio`` (median over the seeds of the engine seconds spent over the grid's),
+    ``regret_median`` and ``same_pick_rate`` (as :func:`decision_quality`); neither exports a band."""
+    objective = landscape.config().objectives[0]
+    sign = 1.0 if objective.maximize else -1.0
+    means = landscape.means(objective.value)
+    best = max(means, key=lambda k: sign * means[k])
+    band = landscape.noise_band(objective.value)
+    grid = grid_engine_seconds(landscape)
+    engines = landscape.engines()
+
+    def draw(rng: random.Random, key: str) -> tuple[float | None, float]:
+        p = rng.choice(engines[key])
+        return landscape.value(p, objective.value), p.engine_seconds
+
+    def score(values: list[float]) -> float:
+        if not values:
+            return -math.inf
+        signed = [sign * v for v in values]
+        med = statistics.median(signed)
+        return med - VLLM_MAD_SCALE * statistics.median(abs(v - med) for v in signed)
+
+    def k_of(key: str) -> int:
+        return int(engines[key][0].spec.get("num_speculative_tokens") or 0)
+
+    out: dict[str, dict[str, Any]] = {}
+    for rule in ("successive_halving", "vllm_tune_k"):
+        ratios, chosen = [], []
+        for seed in range(seeds):
+            rng, spent = random.Random(seed), 0.0
+            seen: dict[str, list[float]] = {k: [] for k in engines}
+            rounds = 1 if rule == "successive_halving" else VLLM_RUNS
+            alive = list(engines)
+            while True:
+                for key in alive:
+                    for _ in range(rounds):
+                        value, seconds = draw(rng, key)
+                        spent += seconds
+                        if value is not None:
+                            seen[key].append(value)
+                if rule == "vllm_tune_k" or len(alive) == 1:
+                    break
+                ranked = sorted(alive, key=lambda k: -sign * statistics.fmean(seen[k]) if seen[k] else math.inf)
+                alive = ranked[: max(1, len(alive) // 2)]
+            if rule == "successive_halving":
+                pick = alive[0]
+            else:
+                scores = {k: score(seen[k]) for k in engines}
+                top = max(scores.values())
+                near = [k for k, v in scores.items() if v >= top - VLLM_TIE * abs(top)]
+                pick = min(near, key=lambda k: (k_of(k), -scores[k]))
+            ratios.append(spent / grid)
+            chosen.append(engines[pick][0].label)
+        regret = [regret_of(means, best, c, sign) for c in chosen]
+        same = [c == best or sign * (means.get(c, -sign * math.inf) / means[best] - 1.0) >= -band for c in chosen]
+        out[rule] = {"stop_ratio": statistics.median(ratios), "regret_median": statistics.median(regret),
+                     "same_pick_rate": statistics.fmean(same), "chosen": chosen}
+    return out
+
+
+def grid_engine_seconds(landscape: Landscape) -> float:
+    """The exhaustive grid's engine seconds: every candidate's first recorded start once (as
+    ``evaluate``'s ``landscape_engine_seconds``)."""
+    return sum(p.engine_seconds for p in landscape.by_key().values())
+
+
+def band_holds(truth: float, value: float, band: float) -> bool:
+    """Whether the band a study exports, ``value`` +- ``band`` (relative), holds ``truth``, the
+    landscape's best mean."""
+    return abs(truth - value) <= band * abs(value)
+
+
+def regret_of(means: dict[str, float], best: str, chosen: str, sign: float) -> float:
+    """How far the chosen configuration's mean lies below the landscape's best mean (relative; 0
+    for the best, and for a choice whose every engine failed on the landscape: counted as 1)."""
+    if chosen not in means:
+        return 1.0
+    return max(0.0, sign * (means[best] - means[chosen]) / abs(means[best]))
 
 
 def prior_interval_coverage(landscape: Landscape) -> float | None:
@@ -210,6 +334,8 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "same_pick_rate": quality["same_pick_rate"], "baseline_pick_rate": quality["baseline_pick_rate"],
         "prior_interval_hit_rate": quality["prior_interval_hit_rate"],
         "prior_interval_coverage": coverage,
+        "stop_ratio": quality.get("stop_ratio"), "band_coverage": quality.get("band_coverage"),
+        "regret_median": quality.get("regret_median"),
         "decision": quality, "dtype": _dtype(landscape),
         "machine": hw.model_dump() if hw is not None else None,
     }
@@ -269,6 +395,40 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STOP_GOAL = 0.30
+"""Issue 42's goal: a study stops after at most this share of the grid's engine seconds."""
+
+
+def decisions_markdown(rows: list[dict[str, Any]]) -> str:
+    """Where guided search stops and how right its answer is, beside successive halving and
+    vLLM's ``tune_speculative_k`` rule replayed on the same draws (:func:`rival_rules`): the
+    median share of the grid's engine seconds spent until the study stopped (``stop_ratio``,
+    bold where at most :data:`STOP_GOAL`), the share of studies whose exported band holds the
+    landscape's best (``band_coverage``), the median regret and the same-pick rate."""
+    head = ("| landscape | studies | guided: stop ratio | band coverage | median regret | same pick "
+            "| successive halving: stop ratio / median regret / same pick "
+            "| vLLM's tune_speculative_k rule: stop ratio / median regret / same pick |")
+    lines = [head, "|" + "---|" * (head.count(" | ") + 1)]
+
+    def stop(v: float | None) -> str:
+        return "-" if v is None else f"**{v:.2f}**" if v <= STOP_GOAL else f"{v:.2f}"
+
+    for r in rows:
+        if r.get("stop_ratio") is None:
+            continue
+        rivals = r.get("rival_rules") or {}
+
+        def rival(name: str) -> str:
+            x = rivals.get(name)
+            return "-" if x is None else f"{x['stop_ratio']:.2f} / {_pct(x['regret_median'])} / {x['same_pick_rate']:.2f}"
+
+        lines.append("| " + " | ".join([
+            f"`{r['name']}`", str(r.get("decision_seeds")), stop(r["stop_ratio"]), _rate(r["band_coverage"]),
+            _pct(r["regret_median"]), _rate(r["same_pick_rate"]), rival("successive_halving"), rival("vllm_tune_k"),
+        ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _seconds(value: float | None, trials: list[int | None] | None = None) -> str:
     if value is None:
         return "a seed never got there"
@@ -315,6 +475,9 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="read the stored evaluate results, and the decision quality and prior coverage of the "
                              "rows in --out, instead of rerunning them")
+    parser.add_argument("--decision-only", action="store_true",
+                        help="read the stored evaluate results and prior coverage (as --reuse) but replay the "
+                             "decision-quality studies again (stop ratio, band coverage, regret)")
     parser.add_argument("--out", type=Path, default=RESULTS / "landscapes.json")
     parser.add_argument("--markdown", action="store_true",
                         help="print the tables of --out and of the evaluate results as RESULTS.md shows them, "
@@ -322,7 +485,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.markdown:
         rows = json.loads(args.out.read_text())
-        print(markdown(rows) + "\n" + courses_markdown([r["name"] for r in rows]), end="")
+        print(markdown(rows) + "\n" + decisions_markdown(rows) + "\n" + courses_markdown([r["name"] for r in rows]),
+              end="")
         return
     names = args.landscape or sorted(p.stem for p in LANDSCAPES.glob("*.json") if p.stem not in SKIP)
     stored = {r["name"]: r for r in json.loads(args.out.read_text())} if args.out.exists() else {}
@@ -330,7 +494,8 @@ def main() -> None:
     payload = []
     for name in names:
         path, out = LANDSCAPES / f"{name}.json", _result_path(name)
-        reused = args.reuse and out.exists() and "noise_band" in json.loads(out.read_text())  # as this code writes it
+        reused = (args.reuse or args.decision_only) and out.exists() \
+            and "noise_band" in json.loads(out.read_text())  # as this code writes it
         if not reused:
             print(f"{name}: evaluate", file=sys.stderr, flush=True)
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "search_efficiency.py"), "evaluate", str(path),
@@ -339,14 +504,21 @@ def main() -> None:
         from search_efficiency import _models_here  # the same models as evaluate replays with
 
         here = _models_here(landscape)
-        if reused and "decision" in (old := stored.get(name, {})):  # the stored replays of decision quality
+        old = stored.get(name, {})
+        if args.decision_only and "prior_interval_coverage" in old:
+            print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
+            r = {**row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds),
+                       old["prior_interval_coverage"]),
+                 "rival_rules": rival_rules(here, args.decision_seeds),
+                 "evaluated_at": when, "seeds": old.get("seeds"), "decision_seeds": args.decision_seeds}
+        elif reused and "decision" in old:  # the stored replays of decision quality
             r = {**row(name, here, json.loads(out.read_text()), old["decision"], old["prior_interval_coverage"]),
-                 **{k: old[k] for k in ("evaluated_at", "seeds", "decision_seeds")}}
+                 **{k: old[k] for k in ("evaluated_at", "seeds", "decision_seeds", "rival_rules") if k in old}}
         else:
             print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
             r = {**row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds),
                        prior_interval_coverage(here)),
-                 "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds}
+                 "rival_rules": rival_rules(here, args.decision_seeds), "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds}
         payload.append(r)
         print(f"{name}: grid {r['grid_ratio']}, random {r['random_ratio']}, tpe {r['tpe_ratio']} (within "
               f"{r['noise_band']:.1%}: grid {r['grid_ratio_band']}, random median {r['random_median_ratio_band']}, "
@@ -354,7 +526,8 @@ def main() -> None:
               f"{r['acceptance_error_median']} / {r['acceptance_error_max']}, throughput {r['throughput_error']:.3f}, "
               f"same pick {r['same_pick_rate']:.2f}, baseline pick {r['baseline_pick_rate']}, "
               f"first speculative trial inside the prior's interval {r['prior_interval_hit_rate']}, candidates "
-              f"inside it {r['prior_interval_coverage']}", flush=True)
+              f"inside it {r['prior_interval_coverage']}; stop ratio {r['stop_ratio']}, band coverage "
+              f"{r['band_coverage']}, median regret {r['regret_median']}", flush=True)
     if args.landscape:  # some landscapes: their rows replace theirs, the others stay
         payload += [r for name, r in stored.items() if name not in names]
     atomic_write_text(args.out, json.dumps(sorted(payload, key=lambda r: r["name"]), indent=1) + "\n")
