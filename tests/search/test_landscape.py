@@ -13,6 +13,8 @@ from spectune.config import Method, SpecConfig
 from spectune.landscape import Landscape
 from spectune.worker import run_study
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def test_the_landscape_is_a_real_recording_of_every_candidate(landscape: Landscape) -> None:
     from spectune.space import load_space
@@ -100,3 +102,28 @@ def test_a_spaces_engine_section_reaches_every_trial_and_the_study_overrides_it(
     with pytest.raises(ConfigError, match=r"another engine \(engine_args\.max_num_seqs 8 -> 16\)"):
         run_study(config.model_copy(update={"trials": 4}), measure_fn=measure)
     assert len(seen) == 3
+
+
+def test_the_rival_rules_replayed_on_a_landscape_of_one_start_each() -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import landscapes
+
+    landscape = Landscape.load(REPO / "benchmarks" / "landscapes" / "tiny_one_start.json")
+    means = landscape.means("output_throughput")
+    best = max(means, key=means.__getitem__)
+    rules = landscapes.rival_rules(landscape, 3)
+    # one recorded start each: successive halving keeps the better half by exact values and ends on the best,
+    # after every candidate once and the halves again (less than twice the grid)
+    halving = rules["successive_halving"]
+    assert halving["chosen"] == [best] * 3 and halving["regret_median"] == 0.0
+    assert 1.0 < halving["stop_ratio"] < 2.0
+    # vLLM's rule runs every candidate 3 times (no spread: the score is the value) and hands a score within
+    # 1 % of the best to the smaller k: suffix k=8 (459.4 tok/s) over suffix k=16 (464.0)
+    vllm = rules["vllm_tune_k"]
+    assert vllm["stop_ratio"] == pytest.approx(3.0)
+    k8 = "suffix k=8"
+    assert best == "suffix k=16" and means[k8] >= 0.99 * means[best] and vllm["chosen"] == [k8] * 3
+    assert vllm["regret_median"] == pytest.approx(1.0 - means[k8] / means[best])
+    assert landscapes.band_holds(100.0, 95.0, 0.06) and not landscapes.band_holds(100.0, 90.0, 0.06)
