@@ -134,7 +134,7 @@ def measure(
 def optimize(
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Study configuration (YAML).")] = None,
     target: Annotated[Optional[str], typer.Option(help="Target model: local path or hub name.")] = None,
-    draft: Annotated[Optional[str], typer.Option(help="Draft model for spaces that use ${draft}.")] = None,
+    draft: Annotated[Optional[list[str]], typer.Option(help="Draft model or EAGLE-3 head for spaces that use ${draft} (each to the method it serves); repeat for several.")] = None,
     space: Annotated[Optional[str], typer.Option(help="Search space: a name in search_spaces/ or a YAML file.")] = None,
     workload: Annotated[Optional[str], typer.Option(help="Prompt file or shipped set (humaneval, mtbench, sharegpt).")] = None,
     objective: Annotated[Optional[list[str]], typer.Option(help="output_throughput, tpot_median_ms, tpot_p99_ms, ttft_p99_ms, e2el_median_ms, e2el_p99_ms; twice for a Pareto front.")] = None,
@@ -157,7 +157,8 @@ def optimize(
     from spectune.worker import parse_gpus
 
     cfg = load_study_config(config, {
-        "target": target, "draft": draft, "space": space, "workload": workload,
+        "target": target, "draft": draft[0] if draft and len(draft) == 1 else draft or None, "space": space,
+        "workload": workload,
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
         "tolerance": tolerance, "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,

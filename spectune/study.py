@@ -73,7 +73,11 @@ class StudyConfig(StrictModel):
     """Everything a study needs; read from YAML (``--config``) with CLI flags on top."""
 
     target: str = Field(description="Target model: local path or hub name.")
-    draft: str | None = Field(default=None, description="Draft model for spaces that use ${draft}.")
+    draft: str | list[str] | None = Field(
+        default=None,
+        description="Drafts and heads for spaces that use ${draft}: each goes to the method it serves "
+        "(an EAGLE-3 head to eagle3, a model to draft_model); heads built beside a local target join them.",
+    )
     engine: dict[str, Any] = Field(default_factory=dict, description="Engine arguments (EngineArgs fields).")
     workload: WorkloadSpec
     space: str = "default"
@@ -279,6 +283,21 @@ def _open(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> Stu
     return StudyContext(config, url, storage, store, study, space, engine, prompts)
 
 
+def resolved_space(config: StudyConfig) -> SearchSpace:
+    """The study's space with its ``${draft}`` filled: the drafts and heads given, and the heads
+    built beside a local target (:func:`~spectune.space._drafts.local_heads`), each under the method
+    it serves (:func:`~spectune.space._drafts.route_drafts`)."""
+    from spectune.space import load_space
+    from spectune.space._drafts import local_heads, route_drafts
+
+    given = [config.draft] if isinstance(config.draft, str) else list(config.draft or [])
+    found = [h for h in local_heads(config.target) if h not in given]
+    for head in found:
+        _logger.info("found the EAGLE-3 head %s built for the target; spaces with ${draft} search it", head)
+    drafts = given + found
+    return route_drafts(load_space(config.space).resolve(config.target, draft=drafts), drafts)
+
+
 def create_study(config: StudyConfig) -> StudyContext:
     """Create the study ``config`` describes, or open it to resume: everything a worker on any
     machine needs to join it is stored with it (its configuration, resolved space and prompts).
@@ -288,10 +307,9 @@ def create_study(config: StudyConfig) -> StudyContext:
     """
     import optuna
 
-    from spectune.space import load_space
     from spectune.workloads import load_prompts
 
-    space = load_space(config.space).resolve(config.target, draft=config.draft)
+    space = resolved_space(config)
     ctx = _open(config, space, load_prompts(config.workload))
     study, name = ctx.study, ctx.study.study_name
     with study_lock(ctx.url, name):  # two workers creating one study at once write it once

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
-__all__ = ["draft_method", "local_heads"]
+__all__ = ["draft_method", "local_heads", "route_drafts"]
+
+logger = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=64)
@@ -64,3 +68,31 @@ def _config(folder: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def route_drafts(space: Any, drafts: list[str]) -> Any:
+    """``space`` (resolved with ``drafts`` for ``${draft}``) with each of ``drafts`` kept only
+    under the method it serves (:func:`draft_method`); a method left without models is dropped,
+    with an INFO line. Models a space names itself are left alone.
+
+    Raises:
+        ConfigError: no method but the baseline is left where the space had others.
+    """
+    from spectune.errors import ConfigError
+
+    given = set(drafts)
+    methods = {}
+    for method, part in space.methods.items():
+        if not part.models:
+            methods[method] = part
+            continue
+        models = [m for m in part.models if m not in given or draft_method(m) == method.value]
+        if not models:
+            logger.info("search space: method %s left out: no draft given is for it (%s)", method,
+                        ", ".join(f"{m}: {draft_method(m)}" for m in part.models))
+            continue
+        methods[method] = part.model_copy(update={"models": models})
+    if len(methods) == 1 and len(space.methods) > 1:
+        raise ConfigError(f"no method of the space takes the drafts given: "
+                          f"{', '.join(f'{m} is for {draft_method(m)}' for m in drafts)}")
+    return space.model_copy(update={"methods": methods})

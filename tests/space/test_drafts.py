@@ -47,3 +47,32 @@ def test_heads_beside_a_target_are_found_when_they_name_it(tmp_path: Path) -> No
     _folder(tmp_path / "models" / "N-eagle3", {"speculators_config": {"verifier": {"name_or_path": target}}})
     assert local_heads(other) == []  # beside N, but trained for M
     assert local_heads("org/hub-model") == []
+
+
+def test_each_draft_goes_to_the_method_it_serves_and_a_built_head_joins(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from spectune.errors import ConfigError
+    from spectune.study import StudyConfig, resolved_space
+
+    target = _folder(tmp_path / "m" / "T", {"model_type": "llama"})
+    draft = _folder(tmp_path / "m" / "T-draft", {"model_type": "llama"})
+    head = _folder(tmp_path / "m" / "T-eagle3", {"speculators_model_type": "eagle3",
+                                                 "speculators_config": {"verifier": {"name_or_path": target}}})
+
+    def methods(draft_arg: object, space: str = "default") -> dict[str, list[str] | None]:
+        cfg = StudyConfig.model_validate({"target": target, "draft": draft_arg, "space": space,
+                                          "workload": {"source": "humaneval"}})
+        return {m.value: p.models for m, p in resolved_space(cfg).methods.items()}
+
+    with caplog.at_level(logging.INFO):
+        found = methods(draft)
+    assert found["draft_model"] == [draft] and found["eagle3"] == [head]  # the head beside the target joined
+    assert "found the EAGLE-3 head" in caplog.text
+    # the eagle space: the head only under the method it serves
+    assert methods(None, "eagle") == {"none": None, "eagle3": [head]}
+    # a draft model given to a heads-only space leaves nothing: one line, before any engine
+    (tmp_path / "m" / "T-eagle3" / "config.json").unlink()
+    with pytest.raises(ConfigError, match="T-draft is for draft_model"):
+        methods(draft, "eagle")
