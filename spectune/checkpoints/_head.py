@@ -20,8 +20,9 @@ The recipe, for any Llama- or Qwen-shaped target transformers loads:
    ``config.json`` with ``speculators_model_type: eagle3``, the verifier's name and the
    auxiliary layer ids, and ``model.safetensors``, which vLLM serves with ``method: eagle3``.
 
-A build is resumable: its data and every ``SAVE_EVERY`` steps of training are kept in
-``.<name>.resume/`` beside the destination until the head is in place.
+A build is resumable: its data (the target's answers and states) and, every ``SAVE_EVERY``
+steps, its training are kept in ``.<name>.resume/`` beside the destination until the head is in
+place; a build with other training settings reuses the data.
 """
 
 from __future__ import annotations
@@ -155,16 +156,17 @@ def build_eagle3_head(
                 return dest
             remove_stale(parent, prefix)
             resume = parent / f".{name}.resume"
-            if read_json(resume / "request.json") != request:
-                shutil.rmtree(resume, ignore_errors=True)
+            keep = _resume_files(request, training)
             resume.mkdir(parents=True, exist_ok=True)
-            write_json(resume / "request.json", request)
+            for stale in resume.iterdir():  # another request's state: its data may still serve
+                if stale.name not in keep:
+                    stale.unlink()
             t0 = time.perf_counter()
             work = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
             try:
                 out = work / name
                 try:
-                    marker = _build_into(target, list(prompts), out, resume, training,
+                    marker = _build_into(target, list(prompts), out, [resume / f for f in keep], training,
                                          request["verifier"], threads or os.cpu_count() or 1, hook)
                 except (OSError, SpectuneError):
                     raise
@@ -197,7 +199,14 @@ def _import_speculators() -> None:
         ) from e
 
 
-def _build_into(target_dir: Path, prompts: list[str], out: Path, resume: Path, training: HeadTraining,
+def _resume_files(request: dict[str, Any], training: HeadTraining) -> tuple[str, str]:
+    """The names of a build's resumable data (kept across training settings that do not change
+    it) and training state (this request's only)."""
+    data = [request["target"], request["prompts"], training.max_new_tokens, training.window, HEAD_RECIPE["format"]]
+    return f"data-{_digest(data)}.pt", f"train-{_digest([request])}.pt"
+
+
+def _build_into(target_dir: Path, prompts: list[str], out: Path, resume: list[Path], training: HeadTraining,
                 verifier: str, threads: int, progress: ProgressHook) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -216,7 +225,7 @@ def _build_into(target_dir: Path, prompts: list[str], out: Path, resume: Path, t
             target = AutoModelForCausalLM.from_pretrained(str(target_dir), **dtype_kwarg(torch.float32)).to(device)
         target.eval()
         layer_ids = tuple(aux_layer_ids(target.config.num_hidden_layers))
-        data_file = resume / "data.pt"
+        data_file, state_file = resume
         if data_file.is_file():
             data = torch.load(data_file)
             logger.info("resuming: the target's answers and states are in %s", data_file)
@@ -228,7 +237,7 @@ def _build_into(target_dir: Path, prompts: list[str], out: Path, resume: Path, t
         head, d2t, t2d = _new_head(target, layer_ids, data, training)
         del target
         head.to(device)
-        losses, agreement = _train(head, data, training, resume / "train.pt", progress)
+        losses, agreement = _train(head, data, training, state_file, progress)
         timings["train_s"] = time.perf_counter() - t
         progress("saving the head", 0, 0)
         _save(head.cpu(), d2t, t2d, target_dir, verifier, training, out)
@@ -447,8 +456,9 @@ def corpus_prompts(tokenizer: Any, texts: Sequence[str], *, count: int, length: 
 
 
 
-SMOLLM2_HEAD = HeadTraining(steps=600, draft_vocab_size=8192)
-"""The recipe of SmolLM2-135M-Instruct's head: its draft vocabulary the 8192 tokens its answers use most."""
+SMOLLM2_HEAD = HeadTraining(steps=400, batch_size=4, draft_vocab_size=4096)
+"""The recipe of SmolLM2-135M-Instruct's head, sized for two CPU cores (a step costs about 40 times
+a tiny head's): small batches, and a draft vocabulary of the 4096 tokens its answers use most."""
 
 
 def build_smollm2_eagle3(cache_dir: Path | None = None, *, force: bool = False,
