@@ -285,10 +285,9 @@ def _open(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> Stu
 
 def resolved_space(config: StudyConfig) -> SearchSpace:
     """The study's space with its ``${draft}`` filled: the drafts and heads given, and the heads
-    built beside a local target (:func:`~spectune.space._drafts.local_heads`), each under the method
-    it serves (:func:`~spectune.space._drafts.route_drafts`)."""
-    from spectune.space import load_space
-    from spectune.space._drafts import local_heads, route_drafts
+    built beside a local target (:func:`~spectune.space.local_heads`), each under the method
+    it serves (:func:`~spectune.space.route_drafts`)."""
+    from spectune.space import load_space, local_heads, route_drafts
 
     given = [config.draft] if isinstance(config.draft, str) else list(config.draft or [])
     found = [h for h in local_heads(config.target) if h not in given]

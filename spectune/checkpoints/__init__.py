@@ -45,11 +45,10 @@ from spectune.checkpoints._head import (
     HEAD_MARKER,
     HeadTraining,
     build_eagle3_head,
-    build_smollm2_eagle3,
     head_name,
     train_head,
 )
-from spectune.checkpoints._smollm2 import SMOLLM2_MARKER, SMOLLM2_NAME, prepare_smollm2
+from spectune.checkpoints._smollm2 import SMOLLM2_MARKER, SMOLLM2_NAME, build_smollm2_eagle3, prepare_smollm2
 from spectune.checkpoints._tiny import (
     TINY_CHAT_TEMPLATE,
     TINY_MARKER,

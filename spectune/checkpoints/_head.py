@@ -52,8 +52,8 @@ from spectune.checkpoints._cache import (
 )
 from spectune.errors import ConfigError, SpectuneError
 
-__all__ = ["HEAD_MARKER", "HEAD_RECIPE", "SMOLLM2_HEAD", "HeadTraining", "build_eagle3_head", "build_smollm2_eagle3",
-           "corpus_prompts", "head_name", "train_head"]
+__all__ = ["HEAD_MARKER", "HEAD_RECIPE", "HeadTraining", "build_eagle3_head", "corpus_prompts", "head_name",
+           "train_head"]
 
 logger = logging.getLogger(__name__)
 
@@ -454,33 +454,6 @@ def corpus_prompts(tokenizer: Any, texts: Sequence[str], *, count: int, length: 
     starts = torch.randint(0, max(1, len(ids) - length), (count,), generator=gen).tolist()
     return [tokenizer.decode(ids[s: s + length]) for s in starts]
 
-
-
-SMOLLM2_HEAD = HeadTraining(steps=400, batch_size=4, draft_vocab_size=4096)
-"""The recipe of SmolLM2-135M-Instruct's head, sized for two CPU cores (a step costs about 40 times
-a tiny head's): small batches, and a draft vocabulary of the 4096 tokens its answers use most."""
-
-
-def build_smollm2_eagle3(cache_dir: Path | None = None, *, force: bool = False,
-                         progress: ProgressHook | None = None) -> Path:
-    """Build (once) an EAGLE-3 head for SmolLM2-135M-Instruct (:func:`prepare_smollm2`) on its
-    answers to the shipped HumanEval and MT-Bench prompts, the held-out ones excepted
-    (:data:`~spectune.checkpoints.HELD_OUT`); return ``<cache_dir>/models/<name>-eagle3``.
-    About 15 minutes on 2 cores, every core used.
-
-    Raises:
-        ConfigError, SpectuneError: as :func:`build_eagle3_head`.
-    """
-    from spectune.checkpoints._cache import default_cache_dir
-    from spectune.checkpoints._distil_data import split_prompts
-    from spectune.checkpoints._smollm2 import prepare_smollm2
-
-    hook = progress or silent
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = prepare_smollm2(root, progress=hook)
-    train, _ = split_prompts(("humaneval", "mtbench"))
-    return build_eagle3_head(target, [p.as_text() for _, p in train], root / "models" / head_name(target),
-                             training=SMOLLM2_HEAD, force=force, progress=hook)
 
 
 def train_head(target: str, workload: Any, dest: Path | None = None, *, training: HeadTraining = HeadTraining(),

@@ -29,10 +29,12 @@ from spectune.checkpoints._cache import (
     versions,
     write_json,
 )
+from spectune.checkpoints._distil_data import split_prompts
+from spectune.checkpoints._head import HeadTraining, build_eagle3_head, head_name
 from spectune.checkpoints._tiny import portable_tokenizer_config
 from spectune.errors import ConfigError, SpectuneError
 
-__all__ = ["SMOLLM2_MARKER", "SMOLLM2_NAME", "prepare_smollm2"]
+__all__ = ["SMOLLM2_HEAD", "SMOLLM2_MARKER", "SMOLLM2_NAME", "build_smollm2_eagle3", "prepare_smollm2"]
 
 logger = logging.getLogger(__name__)
 
@@ -229,3 +231,26 @@ def prepare_smollm2(cache_dir: Path | None = None, *, force: bool = False,
         raise SpectuneError(f"cannot prepare {SMOLLM2_NAME} in {parent}: {e}") from e
     logger.info("%s ready in %s (%.1fs)", SMOLLM2_NAME, dest, time.perf_counter() - t0)
     return dest
+
+
+SMOLLM2_HEAD = HeadTraining(steps=400, batch_size=4, draft_vocab_size=4096)
+"""The recipe of SmolLM2-135M-Instruct's head, sized for two CPU cores (a step costs about 40 times
+a tiny head's): small batches, and a draft vocabulary of the 4096 tokens its answers use most."""
+
+
+def build_smollm2_eagle3(cache_dir: Path | None = None, *, force: bool = False,
+                         progress: ProgressHook | None = None) -> Path:
+    """Build (once) an EAGLE-3 head for SmolLM2-135M-Instruct (:func:`prepare_smollm2`) on its
+    answers to the shipped HumanEval and MT-Bench prompts, the held-out ones excepted
+    (:data:`~spectune.checkpoints.HELD_OUT`); return ``<cache_dir>/models/<name>-eagle3``.
+    Every core used; see benchmarks/RESULTS.md for its build time.
+
+    Raises:
+        ConfigError, SpectuneError: as :func:`build_eagle3_head`.
+    """
+    hook = progress or silent
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = prepare_smollm2(root, progress=hook)
+    train, _ = split_prompts(("humaneval", "mtbench"))
+    return build_eagle3_head(target, [p.as_text() for _, p in train], root / "models" / head_name(target),
+                             training=SMOLLM2_HEAD, force=force, progress=hook)

@@ -37,7 +37,8 @@ Placeholders in ``models`` entries, substituted by :meth:`SearchSpace.resolve`:
 
 - ``${target}``: the target model itself (as its own draft, say);
 - ``${draft}``: the draft or head the user names for this study; several drafts make one entry
-  each; with none, the entry is left out, and a method whose models all need a draft is dropped
+  each (a study keeps each under the method it serves, :func:`route_drafts`, and adds the heads
+  built beside its target, :func:`local_heads`); with none, the entry is left out, and a method whose models all need a draft is dropped
   (logged at INFO);
 - ``${env:VAR}``: the environment variable ``VAR``; unset is an error.
 
@@ -60,6 +61,7 @@ does not, use :meth:`SearchSpace.enumerate` with ``study.enqueue_trial`` instead
 
 
 from spectune.space._domains import Domain, FloatDomain, IntDomain
+from spectune.space._drafts import draft_method, local_heads, route_drafts
 from spectune.space._load import (
     SHIPPED_SPACES,
     SPACES_ENV,
@@ -80,7 +82,10 @@ __all__ = [
     "IntDomain",
     "MethodSpace",
     "SearchSpace",
+    "draft_method",
     "list_spaces",
     "load_space",
+    "local_heads",
+    "route_drafts",
     "spaces_dirs",
 ]
