@@ -86,30 +86,41 @@ def test_guided_search_predicts_head_candidates_by_replay(head_runs: dict[str, M
 
 
 def test_head_training_resumes_where_it_stopped(tiny_models, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
-    """An interrupted training starts again at its last saved step, without asking the target again."""
+    """An interrupted training starts again at its last saved step, and training with other
+    settings reuses the target's answers, without asking the target again."""
     import spectune.checkpoints._head as head_mod
     from spectune.checkpoints import HEAD_MARKER, HeadTraining, build_eagle3_head
 
-    training = HeadTraining(steps=60, batch_size=4, max_new_tokens=8, window=24)
     prompts = ["def add(a, b):\n    return", "import os\nimport sys\n", "class Stack:\n    def push(self, x):"]
     dest = tmp_path / "head"
 
-    def stop_at_55(phase: str, done: int, total: int) -> None:
-        if phase.startswith("training") and done == 55:
-            raise KeyboardInterrupt  # Ctrl-C
+    def build(steps: int, stop_at: int | None = None) -> list[int]:
+        seen: list[int] = []
 
-    with pytest.raises(KeyboardInterrupt):
-        build_eagle3_head(tiny_models.target, prompts, dest, training=training, progress=stop_at_55)
+        def hook(phase: str, done: int, total: int) -> None:
+            if phase.startswith("training"):
+                seen.append(done)
+                if done == stop_at:
+                    raise KeyboardInterrupt  # Ctrl-C
+
+        training = HeadTraining(steps=steps, batch_size=4, max_new_tokens=8, window=24)
+        if stop_at is None:
+            build_eagle3_head(tiny_models.target, prompts, dest, training=training, progress=hook)
+        else:
+            with pytest.raises(KeyboardInterrupt):
+                build_eagle3_head(tiny_models.target, prompts, dest, training=training, progress=hook)
+        return seen
+
+    assert build(60, stop_at=55)[0] == 0
     assert not dest.exists() and len(list((tmp_path / ".head.resume").glob("train-*.pt"))) == 1
 
     def no_data(*args, **kwargs):  # noqa: ANN002, ANN003
         raise AssertionError("the target's answers were computed again")
 
     monkeypatch.setattr(head_mod, "_head_data", no_data)
-    steps: list[int] = []
-    build_eagle3_head(tiny_models.target, prompts, dest, training=training,
-                      progress=lambda phase, done, total: steps.append(done) if phase.startswith("training") else None)
-    assert steps[0] == 50 and steps[-1] == 59
+    assert build(70, stop_at=52)[0] == 0  # other settings: a training of its own, on the same data
+    steps = build(70)
+    assert steps[0] == 50 and steps[-1] == 69  # resumed at its last save
     marker = (dest / HEAD_MARKER).read_text()
     assert '"eagle3"' in marker and not (tmp_path / ".head.resume").exists()
     config = (dest / "config.json").read_text()
