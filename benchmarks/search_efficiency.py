@@ -105,7 +105,6 @@ def _tiny_models(where: Path | None) -> tuple[str, str]:
 
 def record(args: argparse.Namespace) -> None:
     from spectune.results import open_study
-    from spectune.space import load_space
     from spectune.worker import run_study
 
     if args.starts < 1:
@@ -117,10 +116,11 @@ def record(args: argparse.Namespace) -> None:
         data["target"], data["draft"] = str(prepare_smollm2()), str(build_smollm2_draft())
     elif "target" not in data:
         data["target"], data["draft"] = _tiny_models(args.models)
-    space = load_space(data["space"]).resolve(data["target"], draft=data.get("draft"))
-    n = len(space.enumerate())
     from spectune._util import validate
-    from spectune.study import StudyConfig
+    from spectune.study import StudyConfig, resolved_space
+
+    # the study's own space: drafts under the methods they serve, heads built beside the target
+    n = len(resolved_space(validate(StudyConfig, {**data, "trials": 1}, str(args.config))).enumerate())
 
     def study_config(overrides: dict[str, Any]) -> StudyConfig:
         return validate(StudyConfig, {**data, **overrides, "sampler": "grid", "trials": n, "confirm": 0},

@@ -23,7 +23,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
@@ -217,13 +217,20 @@ class Landscape(StrictModel):
         return validate(StudyConfig, {**self.study_config, **overrides}, "landscape study config")
 
     def rebase(self, target: str, draft: str | None = None) -> Landscape:
-        """The same landscape with the recorded target (and draft) paths replaced by these."""
+        """The same landscape with the recorded target (and draft) paths replaced by these; the
+        other checkpoints recorded beside the target (a head built there) move beside the new one."""
         old = {self.target: target}
         if self.draft is not None and draft is not None:
             old[self.draft] = draft
+        was, now = PurePath(self.target).parent, PurePath(target).parent
 
         def move(value: Any) -> Any:
-            return old.get(value, value) if isinstance(value, str) else value
+            if not isinstance(value, str):
+                return value
+            if value in old:
+                return old[value]
+            path = PurePath(value)
+            return str(now / path.name) if path.is_absolute() and path.parent == was else value
 
         points = []
         for p in self.points:
