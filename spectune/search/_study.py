@@ -251,7 +251,8 @@ class StudyStrategy(SearchStrategy):
                          margin=standing.tolerance, pick=standing.pick, pick_sd=standing.pick_sd,
                          stop_chance=STOP_CHANCE)
         unmeasured = max(plan.chances.values(), default=0.0)
-        contenders = standing.contenders()  # measured on one engine, with a chance above the threshold
+        again = measured_again(trials)  # measured again already (a failed engine is data: not again)
+        contenders = [(c, p) for c, p in standing.contenders() if c.row.number not in again]
         errors = inputs.errors()
         guide = {
             "best_measured": standing.pick,
@@ -273,7 +274,7 @@ class StudyStrategy(SearchStrategy):
             write_study_fields(study, guide=guide)
             return Wait("guided search would stop; the trials running may change its plan")
         if plan.pick is None and top is not None and len(top.values) == 1 \
-                and top.row.number not in measured_again(trials) and (contenders or unmeasured > STOP_CHANCE
+                and top.row.number not in again and (contenders or unmeasured > STOP_CHANCE
                                                                        or standing.chance(settled=True) > STOP_CHANCE):
             write_study_fields(study, guide=guide)
             _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)

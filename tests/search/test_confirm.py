@@ -144,15 +144,19 @@ def test_a_failed_confirmation_leaves_its_single_engine_in_the_choice_and_says_s
                               trials=len(landscape.points), confirm=1, log_dir=str(tmp_path / "logs"))
     run_study(config, measure_fn=measure)
     view = open_study(config.storage, "confirm")
+    # every speculative re-measurement fails (rechecks of the search, then confirm's), each
+    # configuration's once: a failed engine is data, not retried
     failed = [r for r in view.rows if r.confirms is not None and r.state == "FAIL"]
-    assert len(failed) == 1 and not failed[0].is_baseline
+    assert failed and not any(r.is_baseline for r in failed)
+    assert len({r.confirms for r in failed}) == len(failed)
     choice = view.best()  # the baseline, confirmed, does not win by default
-    assert not choice.is_baseline and choice.row.number == failed[0].confirms
+    assert not choice.is_baseline and choice.row.number in {r.confirms for r in failed}
     assert choice.engines == [choice.row.values[0]] and len(choice.baseline_engines) == 2
     assert "on one engine: no speculative configuration was confirmed" in choice.reason
     # failed by its engine, that confirmation is data: resuming does not try it again
+    again = len([r for r in view.rows if r.confirms is not None])
     run_study(config, measure_fn=measure)
-    assert len([r for r in open_study(config.storage, "confirm").rows if r.confirms is not None]) == 2
+    assert len([r for r in open_study(config.storage, "confirm").rows if r.confirms is not None]) == again
 
 
 def test_confirmations_interrupted_by_ctrl_c_run_after_the_search_on_resume(landscape: Landscape, tmp_path: Path) -> None:
