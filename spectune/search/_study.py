@@ -336,9 +336,9 @@ class StudyStrategy(SearchStrategy):
     def _recheck_surprise(self, trials: Sequence[Snapshot], standing: _Standing | None = None) -> Run | None:
         """A fresh-engine measurement of a guided pick measured outside its predicted interval
         (:func:`spectune.predict.surprising`) and not measured again yet. With the search's
-        ``standing``, only a pick that still matters: its prediction, or its measurement, has more
-        than :data:`STOP_CHANCE` of beating the pick by more than the tolerance (a surprise far
-        below a pick it was never likely to beat moves nothing the decision needs)."""
+        ``standing``, only a pick that still matters: its measurement leaves it more than
+        :data:`STOP_CHANCE` of beating the pick by more than the tolerance (a surprise far below
+        the pick moves nothing the decision needs)."""
         from spectune.predict import surprising
 
         again = measured_again(trials)
@@ -440,19 +440,14 @@ class _Standing:
         return max((self.chance_of(c) for c in self.rivals if (len(c.values) > 1) == settled), default=0.0)
 
     def matters(self, t: Snapshot) -> bool:
-        """Whether a surprising trial could still beat the pick: by its prediction or its measurement."""
+        """Whether a surprising trial could still beat the pick by its measurement, one engine start
+        as uncertain as engines differ (the pick itself always matters). A measurement far below a
+        prediction that was far off says more about the prediction than about the engine."""
         if self.top is None or t.number in self.top.numbers:
             return True
-        rec, value = t.rec, (t.values or [math.nan])[0]
-        side = (rec.predicted_high - rec.predicted) if self.maximize else (rec.predicted - rec.predicted_low) \
-            if rec.predicted is not None and rec.predicted_high is not None and rec.predicted_low is not None else math.nan
-        sd_pred = max(0.0, side) / 2.0 if math.isfinite(side) else math.inf
-        predicted = rec.predicted if rec.predicted is not None else value
-        by_prediction = chance_to_beat(predicted, sd_pred, self.pick, self.pick_sd, tolerance=self.tolerance,
-                                       maximize=self.maximize)
-        by_measurement = chance_to_beat(value, abs(value) * self.one_start, self.pick, self.pick_sd,
-                                        tolerance=self.tolerance, maximize=self.maximize)
-        return max(by_prediction, by_measurement) > STOP_CHANCE
+        value = (t.values or [math.nan])[0]
+        return chance_to_beat(value, abs(value) * self.one_start, self.pick, self.pick_sd,
+                              tolerance=self.tolerance, maximize=self.maximize) > STOP_CHANCE
 
 
 def _standing(view: StudyView, maximize: bool, tolerance: float | None) -> _Standing:
