@@ -166,6 +166,8 @@ def rival_rules(landscape: Landscape, seeds: int) -> dict[str, dict[str, Any]]:
 
     - ``successive_halving``: every candidate on one engine, then the better half (by its mean so
       far) once more, and so on until one is left: the pick;
+    - ``grid_once``: every candidate on one engine, the best measured value its pick: the
+      regret the recording's own noise leaves at the grid's whole cost;
     - ``vllm_tune_k``: the rule of vLLM's closed ``tune_speculative_k``: every candidate on
       :data:`VLLM_RUNS` engines, scored by its median minus :data:`VLLM_MAD_SCALE` x MAD, the
       pick the best score, where scores within :data:`VLLM_TIE` of it go to the smaller k (the
@@ -196,12 +198,12 @@ def rival_rules(landscape: Landscape, seeds: int) -> dict[str, dict[str, Any]]:
         return int(engines[key][0].spec.get("num_speculative_tokens") or 0)
 
     out: dict[str, dict[str, Any]] = {}
-    for rule in ("successive_halving", "vllm_tune_k"):
+    for rule in ("successive_halving", "grid_once", "vllm_tune_k"):
         ratios, chosen = [], []
         for seed in range(seeds):
             rng, spent = random.Random(seed), 0.0
             seen: dict[str, list[float]] = {k: [] for k in engines}
-            rounds = 1 if rule == "successive_halving" else VLLM_RUNS
+            rounds = VLLM_RUNS if rule == "vllm_tune_k" else 1
             alive = list(engines)
             while True:
                 for key in alive:
@@ -210,12 +212,14 @@ def rival_rules(landscape: Landscape, seeds: int) -> dict[str, dict[str, Any]]:
                         spent += seconds
                         if value is not None:
                             seen[key].append(value)
-                if rule == "vllm_tune_k" or len(alive) == 1:
+                if rule != "successive_halving" or len(alive) == 1:
                     break
                 ranked = sorted(alive, key=lambda k: -sign * statistics.fmean(seen[k]) if seen[k] else math.inf)
                 alive = ranked[: max(1, len(alive) // 2)]
             if rule == "successive_halving":
                 pick = alive[0]
+            elif rule == "grid_once":
+                pick = max((k for k in engines if seen[k]), key=lambda k: sign * seen[k][0])
             else:
                 scores = {k: score(seen[k]) for k in engines}
                 top = max(scores.values())
@@ -407,6 +411,7 @@ def decisions_markdown(rows: list[dict[str, Any]]) -> str:
     landscape's best (``band_coverage``), the median regret and the same-pick rate."""
     head = ("| landscape | studies | guided: stop ratio | band coverage | median regret | same pick "
             "| successive halving: stop ratio / median regret / same pick "
+            "| the grid once: median regret / same pick "
             "| vLLM's tune_speculative_k rule: stop ratio / median regret / same pick |")
     lines = [head, "|" + "---|" * (head.count(" | ") + 1)]
 
@@ -424,7 +429,9 @@ def decisions_markdown(rows: list[dict[str, Any]]) -> str:
 
         lines.append("| " + " | ".join([
             f"`{r['name']}`", str(r.get("decision_seeds")), stop(r["stop_ratio"]), _rate(r["band_coverage"]),
-            _pct(r["regret_median"]), _rate(r["same_pick_rate"]), rival("successive_halving"), rival("vllm_tune_k"),
+            _pct(r["regret_median"]), _rate(r["same_pick_rate"]), rival("successive_halving"),
+            "-" if (g := rivals.get("grid_once")) is None else f"{_pct(g['regret_median'])} / {g['same_pick_rate']:.2f}",
+            rival("vllm_tune_k"),
         ]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -478,6 +485,9 @@ def main() -> None:
     parser.add_argument("--decision-only", action="store_true",
                         help="read the stored evaluate results and prior coverage (as --reuse) but replay the "
                              "decision-quality studies again (stop ratio, band coverage, regret)")
+    parser.add_argument("--rivals-only", action="store_true",
+                        help="replay only the rival rules (successive halving, the grid once, vLLM's tune_speculative_k "
+                             "rule) for the rows in --out, with --decision-seeds seeds, and keep everything else")
     parser.add_argument("--out", type=Path, default=RESULTS / "landscapes.json")
     parser.add_argument("--markdown", action="store_true",
                         help="print the tables of --out and of the evaluate results as RESULTS.md shows them, "
@@ -487,6 +497,14 @@ def main() -> None:
         rows = json.loads(args.out.read_text())
         print(markdown(rows) + "\n" + decisions_markdown(rows) + "\n" + courses_markdown([r["name"] for r in rows]),
               end="")
+        return
+    if args.rivals_only:
+        rows = json.loads(args.out.read_text())
+        for r in rows:
+            if not args.landscape or r["name"] in args.landscape:
+                r["rival_rules"] = rival_rules(Landscape.load(LANDSCAPES / f"{r['name']}.json"), args.decision_seeds)
+        atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
+        print(f"-> {args.out}")
         return
     names = args.landscape or sorted(p.stem for p in LANDSCAPES.glob("*.json") if p.stem not in SKIP)
     stored = {r["name"]: r for r in json.loads(args.out.read_text())} if args.out.exists() else {}

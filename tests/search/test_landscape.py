@@ -119,6 +119,7 @@ def test_the_rival_rules_replayed_on_a_landscape_of_one_start_each() -> None:
     halving = rules["successive_halving"]
     assert halving["chosen"] == [best] * 3 and halving["regret_median"] == 0.0
     assert 1.0 < halving["stop_ratio"] < 2.0
+    assert rules["grid_once"]["chosen"] == [best] * 3 and rules["grid_once"]["stop_ratio"] == pytest.approx(1.0)
     # vLLM's rule runs every candidate 3 times (no spread: the score is the value) and hands a score within
     # 1 % of the best to the smaller k: suffix k=8 (459.4 tok/s) over suffix k=16 (464.0)
     vllm = rules["vllm_tune_k"]
