@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -145,7 +146,8 @@ def build_eagle3_head(
     if not force and _is_built(dest, request):
         return dest
     hook = progress or silent
-    hook("importing torch and transformers", 0, 0)
+    if "transformers" not in sys.modules:  # a phase only where it costs time
+        hook("importing torch and transformers", 0, 0)
     import_checkpoint_deps()
     _import_speculators()
     parent, name = dest.parent, dest.name

@@ -62,7 +62,8 @@ _TINY_RECIPE: dict[str, Any] = {
     # layers 1..3.
     "draft_training": {"steps": 300, "batch_size": 16, "seq_len": 64, "lr": 3e-3},
     # The EAGLE-3 head: trained on the target's greedy continuations of windows of the corpus
-    # (spectune.checkpoints._head; its own recipe is part of the head's marker).
+    # (spectune.checkpoints._head; its own recipe is part of the head's marker), on one torch
+    # thread: two threads on two cores shared with other work can be many times slower.
     "eagle3_head": {"prompts": 256, "prompt_tokens": 48, "steps": 400, "max_new_tokens": 48, "window": 96},
 }
 
@@ -277,7 +278,7 @@ def _build_tiny_into(work: Path, seed: int, vocab_size: int, build_id: str, fina
     prompts = corpus_prompts(tokenizer, texts, count=head_cfg["prompts"], length=head_cfg["prompt_tokens"], seed=seed)
     build_eagle3_head(work / "target", prompts, work / "eagle3", verifier_name=str(final_target),
                       training=HeadTraining(steps=head_cfg["steps"], max_new_tokens=head_cfg["max_new_tokens"],
-                                            window=head_cfg["window"], seed=seed), progress=progress)
+                                            window=head_cfg["window"], seed=seed), threads=1, progress=progress)
     common["eagle3_build_seconds"] = round(time.perf_counter() - t_save, 1)
     # Markers last: a folder without one is never taken for a finished model.
     for role in ("target", "draft", "eagle3"):
