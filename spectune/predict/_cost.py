@@ -303,7 +303,8 @@ class CostModel:
 
     def cost(self, spec: SpecConfig) -> ProposerCost:
         """``c`` of the candidate's proposer: its own fit, else its method's, else (a model-free
-        method) the other model-free methods', else the prior.
+        method) the other model-free methods', else the prior (a method without one of its own
+        takes the n-gram's or the heads' prior, by what it drafts from).
 
         Raises:
             ConfigError: a method with neither measurements nor a prior (the baseline).
@@ -315,9 +316,12 @@ class CostModel:
             return dataclasses.replace(fitted, source="fit-method")
         if spec.method.drafts_from_text and self.model_free is not None:
             return dataclasses.replace(self.model_free, source="fit-model-free")
-        if spec.method not in self.priors:
+        # a method of the engine's that spectune has no prior for (dflash, dspark, ngram_gpu, an
+        # *_mtp): priced as the kind of proposer it is, a text lookup or a model on hidden states
+        kind = Method.NGRAM if spec.method.drafts_from_text else Method.EAGLE3
+        c = self.priors.get(spec.method, self.priors.get(kind) if spec.method is not Method.NONE else None)
+        if c is None:
             raise ConfigError(f"no cost known for method {spec.method}")
-        c = self.priors[spec.method]
         return ProposerCost(c, c / PRIOR_SPREAD, c * PRIOR_SPREAD, 0, "prior", overhead_high=PRIOR_OVERHEAD_HIGH)
 
     def tpot_ms(self, d: float, c: float, tokens_per_step: float, overhead: float = 0.0) -> float:

@@ -12,6 +12,7 @@ from synthetic import (
 )
 
 from spectune.config import Method, SpecConfig
+from spectune.errors import ConfigError
 from spectune.measurement import (
     EngineTimingStats,
     LevelStats,
@@ -278,3 +279,14 @@ def test_gauges_compare_within_a_proposer_and_along_a_model_drafters_k() -> None
     timed = m.model_copy(update={"engine_timing": EngineTimingStats(requests=4, prefill_ms=31.0, tpot_ms=8.0)})
     assert engine_prefill_ms(timed) == pytest.approx(31.0) and engine_prefill_ms(m) is None
     assert engine_prefill_ms(timed.model_copy(update={"concurrency": 4})) is None
+
+
+def test_a_method_of_the_engines_without_a_prior_of_its_own_is_priced_as_its_kind() -> None:
+    """dflash and ngram_gpu, which the installed vLLM runs and spectune has no prior for."""
+    model = fit_cost_model(10.0, 100.0, [])
+    dflash = model.cost(SpecConfig(method=Method("dflash"), model="org/dflash-head", num_speculative_tokens=4))
+    gpu_lookup = model.cost(SpecConfig(method=Method("ngram_gpu"), num_speculative_tokens=4))
+    assert dflash.source == gpu_lookup.source == "prior"
+    assert dflash.c == model.priors[Method.EAGLE3] and gpu_lookup.c == model.priors[Method.NGRAM]
+    with pytest.raises(ConfigError, match="no cost known for method none"):
+        model.cost(SpecConfig())
