@@ -31,7 +31,7 @@ from typing import Any
 from spectune.config import Method
 from spectune.errors import ConfigError
 
-__all__ = ["check_pairing"]
+__all__ = ["check_pairing", "vllm_default_aux_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +282,11 @@ def _check_head(target: str, target_dir: Path, head: str, head_dir: Path, method
     _check_verifier(head_config, target, target_dir, text, head)
 
 
+def vllm_default_aux_layers(layers: int) -> tuple[int, int, int]:
+    """The layers vLLM's Llama models hand an EAGLE-3 head that names none: ``(2, n // 2, n - 3)``."""
+    return 2, layers // 2, layers - 3
+
+
 def _check_aux_layers(config: dict[str, Any], layers: int, prefix: str, where: str) -> None:
     """The target layers an EAGLE-3 head reads (see :func:`check_pairing`)."""
     eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
@@ -290,7 +295,7 @@ def _check_aux_layers(config: dict[str, Any], layers: int, prefix: str, where: s
     key = "eagle_aux_hidden_state_layer_ids"
     ids = config.get(key) or eagle.get(key)  # vLLM's order: the top level, then eagle_config
     if not ids:
-        default = (2, layers // 2, layers - 3)
+        default = vllm_default_aux_layers(layers)
         if len(set(default)) < 3 or min(default) < 0:
             raise ConfigError(
                 f"{prefix}: the head names no {key}, and vLLM's default for a {layers}-layer target, "

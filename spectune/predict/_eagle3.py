@@ -38,7 +38,9 @@ __all__ = ["Eagle3Head", "HeadShape", "aux_layer_ids", "load_head", "target_feat
 def aux_layer_ids(num_layers: int) -> list[int]:
     """The auxiliary layers a head built here reads: vLLM's default ``(2, n // 2, n - 3)`` where
     those are three distinct layers, else three spread evenly over ``1 .. n - 1``."""
-    default = sorted({2, num_layers // 2, num_layers - 3})
+    from spectune.pairing import vllm_default_aux_layers
+
+    default = sorted(set(vllm_default_aux_layers(num_layers)))
     if len(default) == 3 and all(1 <= i < num_layers for i in default):
         return default
     if num_layers < 4:
