@@ -17,7 +17,7 @@ from typing import Any
 
 from spectune.errors import ConfigError
 
-__all__ = ["default_cache_dir", "import_checkpoint_deps", "lock", "read_json", "remove_stale", "swap_in",
+__all__ = ["checkpoint_identity", "default_cache_dir", "import_checkpoint_deps", "lock", "read_json", "remove_stale", "swap_in",
            "versions", "write_json"]
 
 logger = logging.getLogger(__name__)
@@ -91,6 +91,14 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def checkpoint_identity(folder: Path) -> dict[str, Any]:
+    """A checkpoint folder as a build request names it: its path and its weights' sizes and times
+    (a build on it is redone when they change)."""
+    weights = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+    return {"path": str(folder.resolve()),
+            "weights": [{"file": w.name, "size": w.stat().st_size, "mtime_ns": w.stat().st_mtime_ns} for w in weights]}
+
+
 def versions(*dists: str) -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
     for d in dists:
@@ -103,5 +111,3 @@ def versions(*dists: str) -> dict[str, str | None]:
 
 # --------------------------------------------------------------------------------------------
 # Tiny models
-
-

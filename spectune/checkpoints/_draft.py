@@ -41,6 +41,7 @@ from typing import Any
 from spectune._hf import dtype_kwarg, quiet_transformers
 from spectune._util import ProgressHook, silent
 from spectune.checkpoints._cache import (
+    checkpoint_identity,
     default_cache_dir,
     import_checkpoint_deps,
     lock,
@@ -74,18 +75,9 @@ __all__ = ["build_smollm2_draft"]
 logger = logging.getLogger(__name__)
 
 
-def _target_identity(target: Path) -> dict[str, Any]:
-    weights = sorted(target.glob("*.safetensors")) + sorted(target.glob("*.bin"))
-    return {
-        "path": str(target.resolve()),
-        "weights": [{"file": w.name, "size": w.stat().st_size, "mtime_ns": w.stat().st_mtime_ns}
-                    for w in weights],
-    }
-
-
 def _draft_request(target: Path, seed: int, steps: int, num_prompts: int | None) -> dict[str, Any]:
     # the builder's name as drafts built before it moved record it: a draft already built is kept
-    return {"builder": "spectune.drafts.build_smollm2_draft", "target": _target_identity(target),
+    return {"builder": "spectune.drafts.build_smollm2_draft", "target": checkpoint_identity(target),
             "seed": seed, "steps": steps, "num_prompts": num_prompts, "recipe": DRAFT_RECIPE}
 
 

@@ -43,6 +43,7 @@ from typing import Any
 from spectune._hf import dtype_kwarg, quiet_transformers
 from spectune._util import ProgressHook, silent
 from spectune.checkpoints._cache import (
+    checkpoint_identity,
     import_checkpoint_deps,
     lock,
     read_json,
@@ -100,12 +101,6 @@ def _digest(texts: Sequence[Any]) -> str:
     return hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()[:16]
 
 
-def _target_identity(target: Path) -> dict[str, Any]:
-    weights = sorted(target.glob("*.safetensors")) + sorted(target.glob("*.bin"))
-    return {"path": str(target.resolve()),
-            "weights": [{"file": w.name, "size": w.stat().st_size, "mtime_ns": w.stat().st_mtime_ns} for w in weights]}
-
-
 def build_eagle3_head(
     target: Path,
     prompts: Sequence[str],
@@ -139,7 +134,7 @@ def build_eagle3_head(
     if training.steps < 1:
         raise ConfigError(f"steps must be at least 1, got {training.steps}")
     dest = Path(dest).expanduser()
-    request = {"builder": "spectune.checkpoints.build_eagle3_head", "target": _target_identity(target),
+    request = {"builder": "spectune.checkpoints.build_eagle3_head", "target": checkpoint_identity(target),
                "verifier": verifier_name or str(target.resolve()), "prompts": _digest(prompts),
                "num_prompts": len(prompts), "training": training.__dict__, "recipe": HEAD_RECIPE}
     request = json.loads(json.dumps(request))
