@@ -20,6 +20,7 @@ import yaml
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError, StorageError
 from spectune.results import Choice, StudyView, TrialRow
+from spectune.storage import safe_url
 
 if TYPE_CHECKING:
     from spectune.measurement import Measurement
@@ -163,12 +164,13 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(config, sort_keys=False)
     provenance = {
         "study": view.name,
-        "storage": view.url,
+        "storage": safe_url(view.url),
         "trial": row.number,
         "config": row.label,
         "is_baseline": choice.is_baseline,
         "decision": choice.reason,
         "noise_band": choice.noise_band,
+        "band_kind": choice.band_kind,
         "engine_spread": choice.engine_spread,
         "objectives": _mean_objectives(view.objectives, chosen),
         "speedup": choice.speedup,

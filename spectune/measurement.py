@@ -264,6 +264,23 @@ class Objective(str, Enum):
         """This objective in each repeat of the window (for its noise)."""
         return [v for w in m.windows if (v := getattr(w, self.value)) is not None]
 
+    def request_values(self, m: Measurement) -> dict[str, float]:
+        """Each answered prompt's own figure for this objective, by prompt id (positive values
+        only): its output tokens per second of its request's end-to-end latency for throughput,
+        else its request's TPOT, TTFT or end-to-end latency. Candidates of one study answer the
+        same prompts, so these pair up (:func:`spectune.results.paired_band`)."""
+        out: dict[str, float] = {}
+        for r in m.requests:
+            if not r.ok:
+                continue
+            if self is Objective.OUTPUT_THROUGHPUT:
+                v = r.output_tokens / r.e2el_ms if r.output_tokens and r.e2el_ms else None
+            else:
+                v = {"tpot": r.tpot_ms, "ttft": r.ttft_ms, "e2el": r.e2el_ms}[self.value.split("_")[0]]
+            if v is not None and v > 0 and math.isfinite(v):
+                out[r.prompt_id] = v
+        return out
+
     def of(self, m: Measurement) -> float:
         """The measured value: the median over the windows."""
         values = self.window_values(m)

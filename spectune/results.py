@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spectune.errors import ConfigError, StorageError
-from spectune.measurement import NOISE_FLOOR, candidate_key, speedup
+from spectune.measurement import NOISE_FLOOR, Objective, candidate_key, speedup
 from spectune.records import StudyRecord, TrialRecord
-from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url
+from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, safe_url
 
 if TYPE_CHECKING:
     import optuna
 
     from spectune.measurement import Measurement
 
-__all__ = ["Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
-           "open_study", "pooled_spread", "prediction_errors_note", "speedup"]
+__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
+           "open_study", "paired_band", "pooled_spread", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -131,6 +131,19 @@ class Engines:
         return cls(rows[0], values, [r.number for r in rows], max(window, spread), all(r.feasible for r in rows))
 
 
+PRIOR_ENGINE_SPREAD = 0.10
+"""How much two engine starts of one configuration are believed to differ (relative standard
+deviation) before the study has measured a configuration on two engines (:func:`engine_spread`):
+that pooled spread lies between 5 and 21 % on the recorded landscapes with repeated starts
+(:meth:`spectune.landscape.Landscape.engine_spread`; ``benchmarks/results/landscapes.json``).
+It widens a cost fitted on one configuration measured on one engine
+(:func:`spectune.predict.fit_cost`), whose windows alone tell nothing of how fast its engine ran,
+and the paired band of a choice (:func:`paired_band`) until the study measured the spread."""
+
+BAND_Z = 1.96
+"""The paired band is a 95 % interval on the gap between the choice and the baseline."""
+
+
 def engine_spread(configs: Sequence[Engines]) -> float | None:
     """How much engine starts of one configuration differ: the pooled relative standard
     deviation over the configurations measured on two engines or more (each configuration's
@@ -153,6 +166,35 @@ def pooled_spread(groups: Iterable[Sequence[float]]) -> float | None:
              for v in groups if len(v) > 1 and (mean := statistics.fmean(v))]
     dof = sum(n for n, _ in pairs)
     return math.sqrt(sum(n * v for n, v in pairs) / dof) if dof else None
+
+
+def paired_band(a: Sequence[Measurement], b: Sequence[Measurement], objective: Objective, *,
+                n_a: int, n_b: int, spread: float | None) -> float | None:
+    """The relative half-width of a 95 % interval on the gap between two configurations, each
+    measured on the prompts of one workload: ``a`` and ``b`` on their engines (``n_a``, ``n_b``).
+
+    Paired per prompt: each prompt's log ratio of ``a`` to ``b`` (its per-request figure,
+    :meth:`Objective.request_values`, averaged over each one's engines), whose spread over the
+    prompts says how far the gap on the prompts not sampled may lie from the gap on these (its
+    standard error); how much one prompt is faster than another cancels out. On top, the engine
+    starts: each configuration's mean over its engines is off by ``spread`` / sqrt(engines)
+    (:data:`PRIOR_ENGINE_SPREAD` until measured). None when fewer than 3 prompts pair up."""
+    def per_prompt(ms: Sequence[Measurement]) -> dict[str, float]:
+        logs: dict[str, list[float]] = {}
+        for m in ms:
+            for pid, v in objective.request_values(m).items():
+                logs.setdefault(pid, []).append(math.log(v))
+        return {pid: statistics.fmean(v) for pid, v in logs.items() if len(v) == len(ms)}
+
+    if not a or not b:
+        return None
+    pa, pb = per_prompt(a), per_prompt(b)
+    gaps = [pa[pid] - pb[pid] for pid in pa.keys() & pb.keys()]
+    if len(gaps) < 3:
+        return None
+    se = statistics.stdev(gaps) / math.sqrt(len(gaps))
+    s = spread if spread is not None else PRIOR_ENGINE_SPREAD
+    return BAND_Z * math.sqrt(se ** 2 + s ** 2 / max(n_a, 1) + s ** 2 / max(n_b, 1))
 
 
 def engine_spread_note(spread: float | None) -> str | None:
@@ -189,6 +231,9 @@ class Choice:
     is_baseline: bool
     reason: str
     noise_band: float
+    """Relative half-width of the band the decision rests on: :func:`paired_band` of the choice
+    and the baseline where their requests pair up (``band_kind`` "paired band"), else the sum of
+    their noises ("noise band")."""
     value: float = math.nan
     """The first objective the decision rests on: the mean over the configuration's engines."""
     speedup: float | None = None
@@ -199,6 +244,7 @@ class Choice:
     engine_spread: float | None = None
     """How much engine starts of one configuration differ in this study (:func:`engine_spread`;
     None until one was measured twice): the least noise of a configuration measured once."""
+    band_kind: str = "noise band"
 
 
 class StudyView:
@@ -241,13 +287,14 @@ class StudyView:
         except ConfigError:
             choice = None
         return {
-            "study": self.name, "storage": self.url, "objectives": self.objectives, "directions": self.directions,
+            "study": self.name, "storage": safe_url(self.url), "objectives": self.objectives, "directions": self.directions,
             "trials": [{**asdict(r), "note": r.note} for r in self.sorted_rows()],
             "engine_spread": engine_spread(self.engines()),
             "best": None if choice is None else {
                 "trial": choice.row.number, "config": choice.row.label, "spec": choice.row.spec,
                 "is_baseline": choice.is_baseline, "reason": choice.reason, "value": choice.value,
-                "speedup": choice.speedup, "noise_band": choice.noise_band, "engines": choice.engines,
+                "speedup": choice.speedup, "noise_band": choice.noise_band, "band_kind": choice.band_kind,
+                "engines": choice.engines,
                 "baseline_engines": choice.baseline_engines},
         }
 
@@ -316,24 +363,27 @@ class StudyView:
         again (a surprise, or its best before it stopped) counts as confirmed, but that
         re-measurement alone does not make a study confirming. Once some configuration was
         measured on two engines, one measured on a single engine (the baseline included) is as
-        noisy as engines differ (:meth:`engines`).
+        noisy as engines differ (:meth:`engines`). The best beats the baseline when its gain
+        exceeds the band: :func:`paired_band` of the two (the gap per prompt, with the engine
+        starts), or the sum of their noises where their requests do not pair up.
         """
         base, candidates, confirming = self.contenders()
         if base is None:
             raise ConfigError(f"study {self.name} has no completed baseline trial to compare with")
         sign = 1.0 if self.maximize else -1.0
         best = max(candidates, key=lambda c: sign * c.value) if candidates else base
-        band = best.noise + base.noise
+        spread = engine_spread(self.engines())
+        paired = self.paired_band(best, base, spread) if best is not base else None
+        band = paired or best.noise + base.noise
+        what = "paired band" if paired else "noise band"
         gain = _finite(speedup(self.maximize, best.value, base.value))
         engines = (f", mean of {len(best.values)} engines" if len(best.values) > 1
                    else ", on one engine: no speculative configuration was confirmed feasible on a second"
                    if confirming else "")
 
-        spread = engine_spread(self.engines())
-
         def choice(c: Engines, is_baseline: bool, reason: str) -> Choice:
             return Choice(c.row, base.row, is_baseline, reason, band, c.value,
-                          1.0 if c is base else gain, c.values, base.values, spread)
+                          1.0 if c is base else gain, c.values, base.values, spread, what)
 
         if best is base:
             faster = [c for c in self.engines() if not c.feasible and not c.row.is_baseline
@@ -348,8 +398,23 @@ class StudyView:
         if gain is None or gain - 1.0 <= band:
             sp = f"{gain:.3f}x" if gain is not None else "unknown"
             return choice(base, True, f"the best speculative configuration ({best.row.label}, {sp}{engines}) is "
-                                      f"within the noise band (+-{band:.1%}) of the baseline")
-        return choice(best, False, f"{gain:.2f}x the baseline{engines} (noise band +-{band:.1%})")
+                                      f"within the {what} (+-{band:.1%}) of the baseline")
+        return choice(best, False, f"{gain:.2f}x the baseline{engines} ({what} +-{band:.1%})")
+
+    def paired_band(self, a: Engines, b: Engines, spread: float | None) -> float | None:
+        """:func:`paired_band` of two configurations as measured in this study (None where their
+        requests do not pair up: imported trials, or fewer than 3 prompts)."""
+        try:
+            objective = Objective(self.objectives[0])
+        except ValueError:  # a study of another tool's objective
+            return None
+        ids = {r.number: r.trial_id for r in self.rows}
+
+        def measured(c: Engines) -> list[Measurement]:
+            return [m for n in c.numbers if (m := self.store.measurement(ids.get(n))) is not None]
+
+        return paired_band(measured(a), measured(b), objective, n_a=len(a.values),
+                           n_b=len(b.values), spread=spread)
 
     def contenders(self, *, on_front: Collection[int] = ()) -> tuple[Engines | None, list[Engines], bool]:
         """What :meth:`best` chooses among: the baseline (None before it completed), the
@@ -398,10 +463,10 @@ def open_study(storage: str | None, study_name: str | None) -> StudyView:
     names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]
     if study_name is None:
         if not names:
-            raise StorageError(f"no study in {url}")
+            raise StorageError(f"no study in {safe_url(url)}")
         study_name = names[-1]
     elif study_name not in names:
         known = ", ".join(names) or "none"
-        raise ConfigError(f"no study named {study_name!r} in {url} (studies: {known})")
+        raise ConfigError(f"no study named {study_name!r} in {safe_url(url)} (studies: {known})")
     study = optuna.load_study(study_name=study_name, storage=rdb)
     return StudyView(study, store, url)

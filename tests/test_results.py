@@ -142,3 +142,70 @@ def test_the_engines_spread_pools_each_configurations_variance_by_its_degrees_of
     # (4, 4, 4) none with two degrees of freedom: sqrt(0.5 / 4), not the mean of the spreads
     assert pooled_spread([[1.0, 1.0], [1.0, 3.0], [2.0], [4.0, 4.0, 4.0]]) == pytest.approx((0.5 / 4) ** 0.5)
     assert pooled_spread([[2.0], []]) is None
+
+
+def _paired_study(tmp_path, base_e2els: list[list[float]], fast_e2els: list[list[float]]) -> StudyView:  # noqa: ANN001
+    """A baseline and one n-gram configuration, each measured on one engine per list of per-prompt
+    end-to-end latencies (prompts 0..n-1, 11 tokens each), stored as a study keeps them."""
+    from spectune.measurement import spec_key
+    from spectune.storage import open_optuna_storage
+
+    url = f"sqlite:///{tmp_path}/paired.db"
+    study = optuna.create_study(direction="maximize", study_name="paired", storage=open_optuna_storage(url))
+    study.set_user_attr("objectives", ["output_throughput"])
+    store = MeasurementStore(url)
+    ngram = SpecConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+    for spec, runs in ((SpecConfig(), base_e2els), (ngram, fast_e2els)):
+        for e2els in runs:
+            m = _measurement([0.05] * len(e2els), e2els, 11).model_copy(update={"spec": spec})
+            half = len(e2els) // 2  # two windows of different prompts
+            windows = [m.windows[0].model_copy(update={"output_throughput": 11 * len(w) / sum(w)})
+                       for w in (e2els[:half], e2els[half:])]
+            m = m.model_copy(update={"windows": windows, "output_throughput": sum(w.output_throughput for w in windows) / 2})
+            study.add_trial(optuna.trial.create_trial(value=m.output_throughput, user_attrs={
+                "config": spec.label(), "spec": spec.to_vllm() or {"method": "none"},
+                "spec_key": spec_key(spec.to_vllm()), "feasible": True,
+                "noise": abs(windows[0].output_throughput - windows[1].output_throughput) / 2 / m.output_throughput}))
+            t = study.get_trials(deepcopy=False)[-1]
+            store.record(study_name="paired", trial_id=t._trial_id, trial_number=t.number,
+                         spec_key=spec_key(spec.to_vllm()), measurement=m)
+    return StudyView(optuna.load_study(study_name="paired", storage=open_optuna_storage(url)), store, url)
+
+
+def test_the_band_pairs_prompts_so_that_their_variety_cancels(tmp_path) -> None:  # noqa: ANN001
+    from spectune.results import BAND_Z, PRIOR_ENGINE_SPREAD
+
+    # slow prompts in the first window, fast ones in the second: the windows differ by 3x, yet
+    # the configuration is 1.5x faster on every prompt, within 2 %
+    base = [1.0, 1.2, 1.1, 0.9, 0.3, 0.35, 0.4, 0.33]
+    gain = [1.5, 1.52, 1.48, 1.5, 1.49, 1.51, 1.5, 1.47]
+    view = _paired_study(tmp_path, [base], [[e / g for e, g in zip(base, gain, strict=True)]])
+    choice = view.best()
+    assert choice.band_kind == "paired band" and not choice.is_baseline
+    rows = {r.label: r for r in view.complete()}
+    windows = rows["none"].noise + rows[choice.row.label].noise  # the windows' noise: 3x apart
+    assert windows > 0.5 and choice.noise_band < windows
+    # one engine each, nothing measured twice: the engine starts are as uncertain as the prior says
+    floor = BAND_Z * PRIOR_ENGINE_SPREAD * 2 ** 0.5
+    assert floor < choice.noise_band < floor * 1.01
+    assert f"paired band +-{choice.noise_band:.1%}" in choice.reason
+
+
+def test_the_paired_band_widens_with_what_the_prompts_disagree_on_and_with_the_engines(tmp_path) -> None:  # noqa: ANN001
+    import math
+    import statistics
+
+    from spectune.results import BAND_Z
+
+    base = [1.0, 1.2, 1.1, 0.9, 0.3, 0.35, 0.4, 0.33]
+    gain = [2.0, 0.9, 1.5, 1.1, 1.8, 0.8, 1.4, 1.3]  # speculation helps some prompts, slows others
+    fast = [e / g for e, g in zip(base, gain, strict=True)]
+    # two engines each, the second 20 % slower on every prompt
+    view = _paired_study(tmp_path, [base, [e * 1.2 for e in base]], [fast, [e * 1.2 for e in fast]])
+    choice = view.best()
+    spread = choice.engine_spread
+    assert spread is not None and spread > 0.1
+    se = statistics.stdev(math.log(g) for g in gain) / math.sqrt(len(gain))
+    assert choice.noise_band == pytest.approx(BAND_Z * math.sqrt(se ** 2 + spread ** 2 / 2 + spread ** 2 / 2))
+    # the gain (1.29x by the windows) is within it: the baseline is kept, and the reason says why
+    assert choice.is_baseline and "within the paired band" in choice.reason

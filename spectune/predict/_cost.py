@@ -77,6 +77,7 @@ from spectune.predict._gauge import (
     gauged_speeds,
 )
 from spectune.predict._measured import effective_k
+from spectune.results import PRIOR_ENGINE_SPREAD
 
 if TYPE_CHECKING:
     pass
@@ -116,16 +117,6 @@ what the search measures, keep no overhead."""
 
 REL_NOISE = 0.02
 """Relative noise of one measured TPOT (as :data:`spectune.results.NOISE_FLOOR`)."""
-
-PRIOR_ENGINE_SPREAD = 0.10
-"""How much two engine starts of one configuration are believed to differ (relative standard
-deviation) before the study has measured a configuration on two engines
-(:func:`spectune.results.engine_spread`): that pooled spread lies between 5 and 21 % on the
-recorded landscapes with repeated starts (:meth:`spectune.landscape.Landscape.engine_spread`;
-``benchmarks/results/landscapes.json``).
-It widens a cost fitted on one configuration measured on one engine (:func:`fit_cost`), whose
-windows alone tell nothing of how fast its engine ran."""
-
 
 def gauge_weight(t0_ms: float, points: Sequence[CostPoint]) -> float:
     """How far the engines' gauges tell their speed on this machine, from ``points`` (a study's

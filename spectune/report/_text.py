@@ -70,7 +70,9 @@ def study_note(view: StudyView) -> str:
     if several:
         lines.append(f"- {view.objectives[0]} on each engine: {', '.join(fmt(v) for v in choice.engines)} "
                      f"(baseline: {', '.join(fmt(v) for v in choice.baseline_engines)})")
-    lines.append(f"- noise band: +-{choice.noise_band:.1%}")
+    lines.append(f"- {choice.band_kind}: +-{choice.noise_band:.1%}" + (
+        " (95 % interval on the gap to the baseline, paired per prompt, engine starts included)"
+        if choice.band_kind == "paired band" else ""))
     if (spread := engine_spread_note(choice.engine_spread)) is not None:
         lines.append(f"- {spread}")
     lines.append("")

@@ -12,7 +12,7 @@ from rich.console import Console
 from spectune._tables import render_study
 from spectune.config import SpecConfig
 from spectune.landscape import Landscape
-from spectune.results import open_study
+from spectune.results import BAND_Z, open_study
 from spectune.search import study_inputs
 from spectune.worker import run_study
 
@@ -40,11 +40,12 @@ def test_confirmed_configurations_are_chosen_on_their_mean(landscape: Landscape,
         assert "mean of 2 engines" in choice.reason
     else:  # far slower: the spread between its engines swallows the gain
         assert choice.is_baseline and top in choice.reason and "mean of 2 engines" in choice.reason
-        rows = [r for r in view.complete() if r.label == top]
-        window = sum(r.noise or 0.0 for r in rows) / 2
+        # the band: the gap paired per prompt, with the engine starts' spread (the top's, pooled
+        # with the baseline's two alike engines) over the two engines of each on top
         spread = abs(first - second) / math.sqrt(2) / ((first + second) / 2)  # stdev of two over mean
-        base_noise = next(r.noise for r in view.complete() if r.is_baseline)
-        assert choice.noise_band == pytest.approx(max(window, spread) + base_noise)
+        assert choice.engine_spread == pytest.approx(spread / math.sqrt(2))
+        engines_part = BAND_Z * choice.engine_spread
+        assert choice.band_kind == "paired band" and engines_part < choice.noise_band < engines_part * 1.5
     assert choice.baseline_engines == pytest.approx([base, base])
     console = Console(record=True, width=200, color_system=None)
     render_study(view, console)
