@@ -305,7 +305,7 @@ def _prime(server: VLLMServer, prompts: list[Prompt], workload: WorkloadSpec, ti
     _logger.info("priming the prefix cache with the %d prompts", len(prompts))
     try:
         res = run_load(server.base_url, server.served_model_name, prompts, primer,
-                       concurrency=workload.concurrency, timeout=timeout)
+                       concurrency=workload.concurrency, timeout=timeout, api_key=server.api_key)
     except TimeoutError as e:
         raise BenchToolError(f"priming did not finish in {timeout:.0f} s") from e
     if res.failed:
@@ -319,7 +319,7 @@ def _warmup(server: VLLMServer, prompts: list[Prompt], workload: WorkloadSpec, n
         return
     try:
         warm = run_load(server.base_url, server.served_model_name, [prompts[0]] * n, workload,
-                        concurrency=workload.concurrency, timeout=timeout)
+                        concurrency=workload.concurrency, timeout=timeout, api_key=server.api_key)
     except TimeoutError as e:
         raise BenchToolError(f"spectune's warm-up did not finish in {timeout:.0f} s") from e
     if warm.failed:
@@ -340,7 +340,7 @@ def run_spectune_round(
     try:
         result: LoadResult = run_load(
             server.base_url, server.served_model_name, prompts, workload,
-            concurrency=workload.concurrency, timeout=timeout,
+            concurrency=workload.concurrency, timeout=timeout, api_key=server.api_key,
         )
     except TimeoutError as e:
         raise BenchToolError(f"spectune's run did not finish in {timeout:.0f} s") from e
@@ -443,7 +443,8 @@ def run_bench_round(
     server: VLLMServer, cmd: list[str], *, rnd: int, result_file: Path, log_path: Path,
     tmpdir: Path, timeout: float, warmup_tokens: int,
 ) -> RoundResult:
-    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1"}
+    # vllm bench serve sends $OPENAI_API_KEY as the bearer key the engine wants
+    env = {**os.environ, "TMPDIR": str(tmpdir), "PYTHONUNBUFFERED": "1", "OPENAI_API_KEY": server.api_key}
     result_file.unlink(missing_ok=True)
     t0 = time.perf_counter()
     before = _counters(server)

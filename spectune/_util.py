@@ -50,6 +50,19 @@ def every(seconds: float, call: Callable[[], None], name: str) -> Iterator[None]
         thread.join()
 
 
+def is_loopback(host: str) -> bool:
+    """Whether an address to listen on is reachable from this machine only (``127.0.0.1``,
+    ``::1``, ``localhost``); a name or a wildcard (``0.0.0.0``) is not."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class StrictModel(BaseModel):
     """Base of every configuration model: unknown keys are errors, values are validated."""
 

@@ -22,7 +22,7 @@ from spectune._speculative import installed_schema
 from spectune._util import StrictModel, key_error, validate
 from spectune.errors import ConfigError
 
-__all__ = ["ENGINE_KNOBS", "NEEDS_K", "NEEDS_MODEL", "RECORDED", "SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method",
+__all__ = ["API_KEY_ENV", "ENGINE_KNOBS", "NEEDS_K", "NEEDS_MODEL", "RECORDED", "SHIPPED_NAMES", "ChatMessage", "EngineArgs", "Method",
            "Prompt", "Sampling", "SpecConfig", "WorkloadSpec", "candidate_label", "engine_field_error", "engine_method_error",
            "parse_spec"]
 
@@ -247,6 +247,11 @@ def parse_spec(text: str) -> SpecConfig:
     return validate(SpecConfig, data, "--spec")
 
 
+API_KEY_ENV = "VLLM_API_KEY"
+"""The environment variable that gives vLLM's server its API key (``--api-key`` without the
+command line): each engine spectune starts gets a fresh one (:class:`spectune.engines.VLLMServer`)."""
+
+
 class EngineArgs(StrictModel):
     """The engine arguments that are not speculative: the study's, with the values a space's
     engine knobs (:data:`ENGINE_KNOBS`) give each trial.
@@ -271,7 +276,7 @@ class EngineArgs(StrictModel):
     enforce_eager: bool | None = None
     tensor_parallel_size: int | None = Field(default=None, ge=1)
     seed: int | None = None
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="Address the engine listens on: loopback unless set.")
     extra_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Further `vllm serve` options under their CLI names, e.g. {enable-prefix-caching: true}.",
@@ -282,8 +287,10 @@ class EngineArgs(StrictModel):
     def _no_spec_in_extra(self) -> EngineArgs:
         for key in self.extra_args:
             norm = key.lstrip("-").replace("_", "-")
-            if norm in {"speculative-config", "model", "port", "host"}:
+            if norm in {"speculative-config", "model", "port", "host", "api-key"}:
                 raise ValueError(f"extra_args: {key} is set by spectune itself")
+        if API_KEY_ENV in self.env:
+            raise ValueError(f"env: {API_KEY_ENV} is set by spectune itself (a fresh key for each engine)")
         return self
 
     def to_vllm_options(self) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def arrival_offsets(n: int, rate: float | None, seed: int = 0) -> list[float]:
 
 async def _run(
     base_url: str, model: str, prompts: Sequence[Prompt], workload: WorkloadSpec,
-    concurrency: int, progress: ProgressHook | None,
+    concurrency: int, progress: ProgressHook | None, api_key: str | None,
 ) -> LoadResult:
     timeout = aiohttp.ClientTimeout(total=workload.request_timeout, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -187,7 +187,8 @@ async def _run(
     done = 0
     due = arrival_offsets(len(prompts), workload.request_rate, workload.seed)
 
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:
 
         async def bounded(p: Prompt, at: float) -> RequestRecord:
             nonlocal done
@@ -217,6 +218,7 @@ def run_load(
     concurrency: int | None = None,
     progress: ProgressHook | None = None,
     timeout: float | None = None,
+    api_key: str | None = None,
 ) -> LoadResult:
     """Send ``prompts`` with at most ``concurrency`` in flight, all at once or, with the
     workload's ``request_rate``, as Poisson arrivals (:func:`arrival_offsets`); return what the
@@ -225,7 +227,9 @@ def run_load(
     A request that fails is recorded with its error, never raised: the caller decides
     whether the window is usable. ``timeout`` bounds the whole window and raises
     ``TimeoutError`` (each request is bounded by ``workload.request_timeout`` as well).
+    ``api_key``: sent as ``Authorization: Bearer``, as the server asks (:attr:`EngineServer.api_key
+    <spectune.engines.EngineServer.api_key>`).
     """
     c = concurrency or workload.concurrency
-    run = _run(base_url.rstrip("/"), model, prompts, workload, c, progress)
+    run = _run(base_url.rstrip("/"), model, prompts, workload, c, progress, api_key)
     return asyncio.run(asyncio.wait_for(run, timeout) if timeout else run)

@@ -203,7 +203,7 @@ def _vocab(folder: str) -> dict[str, int] | None:
             return Tokenizer.from_file(str(Path(folder) / "tokenizer.json")).get_vocab(with_added_tokens=True)
         from transformers import AutoTokenizer
 
-        tokenizer: Any = AutoTokenizer.from_pretrained(folder)
+        tokenizer: Any = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)  # a folder's code never runs here
         return dict(tokenizer.get_vocab())
     except Exception as e:  # noqa: BLE001 - any failure means "cannot compare", not "differs"
         logger.warning("pairing: cannot load the tokenizer in %s (%s); compared vocab_size only", folder, e)

@@ -220,7 +220,8 @@ class _Run:
         self.hook("measure", done, self.total)
         with self.kv.watching():
             result = run_load(self.server.base_url, self.model, prompts, self.workload, concurrency=concurrency,
-                              progress=lambda d, t: self.hook("measure", done + d, self.total), timeout=self.timeout)
+                              progress=lambda d, t: self.hook("measure", done + d, self.total), timeout=self.timeout,
+                              api_key=self.server.api_key)
         self.done += len(prompts)
         return result
 
@@ -229,7 +230,8 @@ class _Run:
         if self.workload.warmup_requests:
             warm = warmup_prompts(self.workload.warmup_requests, self.workload.sampling.max_tokens)
             self.hook("warmup", 0, len(warm))
-            run_load(self.server.base_url, self.model, warm, self.workload, concurrency=1, timeout=self.timeout)
+            run_load(self.server.base_url, self.model, warm, self.workload, concurrency=1, timeout=self.timeout,
+                     api_key=self.server.api_key)
 
     def windows(self, windows: Sequence[Sequence[Prompt]]) -> tuple[list[LoadResult], SpecCounters]:
         """The headline windows and the engine's counters over them (acceptance, its own timing).

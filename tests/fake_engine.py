@@ -14,6 +14,9 @@ Behaviours:
 
 With ``FAKE_ENGINE_BUSY_STARTS=N`` (and the record folder set), the first N starts exit at once
 with vLLM's refusal to start on a device whose memory is not yet free.
+
+As vLLM's server does, it answers ``/v1`` requests only with ``Authorization: Bearer KEY`` when
+``VLLM_API_KEY`` is set (HTTP 401 otherwise); ``/health`` and ``/metrics`` are open.
 """
 
 from __future__ import annotations
@@ -93,7 +96,15 @@ def main() -> None:
         return resp
 
     answer = serve if args.behaviour == "serve" else hang
-    app = web.Application()
+    key = os.environ.get("VLLM_API_KEY")
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler):  # noqa: ANN001, ANN202 - vLLM's AuthenticationMiddleware
+        if key and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    app = web.Application(middlewares=[authenticate])
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/completions", answer)

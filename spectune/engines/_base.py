@@ -39,6 +39,13 @@ class EngineServer(abc.ABC):
     def served_model_name(self) -> str:
         """The model name to put in API requests."""
 
+    @property
+    def api_key(self) -> str | None:
+        """The key the server's API (``/v1``) wants as ``Authorization: Bearer KEY``; None when it
+        wants none. A secret: sent in requests only, never logged nor recorded. ``/health`` and
+        ``/metrics`` need no key."""
+        return None
+
     @abc.abstractmethod
     def is_running(self) -> bool:
         """Whether the server process is still alive."""

@@ -75,6 +75,9 @@ class Platform:
     pin_frontend: bool = False
     """Whether the engine's non-compute processes and the client can be kept on vLLM's reserved
     CPUs when asked (:func:`cpu_binding`)."""
+    own_python: bool = False
+    """Whether the engine runs in spectune's own Python environment, so that it can load
+    spectune's key check for the routes vLLM leaves open (:mod:`spectune.engines._guard`)."""
 
 
 def _distribution_version(name: str) -> str | None:
@@ -99,7 +102,9 @@ def detect_platform() -> Platform:
     :data:`SERVE_COMMAND_ENV` where it is set."""
     found = _installed_platform()
     command = os.environ.get(SERVE_COMMAND_ENV, "").strip()
-    return dataclasses.replace(found, serve_command=tuple(shlex.split(command))) if command else found
+    if not command:
+        return found
+    return dataclasses.replace(found, serve_command=tuple(shlex.split(command)), own_python=False)
 
 
 @functools.cache
@@ -137,16 +142,19 @@ def _installed_platform() -> Platform:
             },
             default_reasons={"dtype": why},
             pin_frontend=True,
+            own_python=True,
         )
     # the environment's own console script: beside this interpreter (a venv need not be
     # activated), else on PATH; the module entry point only where neither exists
     beside = Path(sys.executable).parent / "vllm"
-    vllm_exe = str(beside) if os.access(beside, os.X_OK) else shutil.which("vllm")
-    if vllm_exe is not None:
+    if os.access(beside, os.X_OK):
+        return Platform(name="gpu", serve_command=(str(beside), "serve"), own_python=True)
+    if (vllm_exe := shutil.which("vllm")) is not None:  # perhaps another environment's
         return Platform(name="gpu", serve_command=(vllm_exe, "serve"))
     return Platform(
         name="gpu",
         serve_command=(sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"),
+        own_python=True,
     )
 
 

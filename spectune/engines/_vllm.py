@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -21,8 +22,10 @@ from typing import Any
 
 import httpx
 
-from spectune.config import EngineArgs, SpecConfig
+from spectune._util import is_loopback
+from spectune.config import API_KEY_ENV, EngineArgs, SpecConfig
 from spectune.engines._base import EngineServer
+from spectune.engines._guard import GUARD
 from spectune.engines._platform import Platform, cpu_binding, detect_platform
 from spectune.errors import EngineStartError, EngineTimeoutError
 
@@ -98,7 +101,20 @@ def build_command(
     if (spec_json := spec.to_vllm()) is not None:
         cmd += ["--speculative-config", json.dumps(spec_json)]
     cmd += ["--host", args.host, "--port", str(port)]
+    if platform.own_python:  # the routes vLLM's key check leaves open want the key too
+        cmd += ["--middleware", GUARD]
     return cmd
+
+
+_warned_hosts: set[str] = set()
+
+
+def _warn_if_exposed(host: str) -> None:
+    """Say once per address that an engine listens beyond this machine (``host`` set by the user)."""
+    if not is_loopback(host) and host not in _warned_hosts:
+        _warned_hosts.add(host)
+        _logger.warning("engines listen on %s (the engine's host), reachable from other machines: their /metrics "
+                        "and /health are open there; their API takes only each engine's own key", host)
 
 
 def gpu_memory_of(smi: str, pids: set[int]) -> int:
@@ -183,11 +199,17 @@ def summarize_failure(log_lines: list[str]) -> str:
 class VLLMServer(EngineServer):
     """``vllm serve`` (or its module entry point) for one target model and one candidate.
 
-    The server runs in its own process session, bound to ``args.host`` (loopback by default)
-    on a free port, with its own temporary folder; its output goes to ``log_path``. It is
-    stopped by signalling its whole process group, SIGTERM then SIGKILL. If the process that
-    started it dies, even by SIGKILL, a watchdog process (``_watchdog``) stops the group; the
-    kernel also sends the server SIGTERM then (Linux ``PR_SET_PDEATHSIG``).
+    The server runs in its own process session, bound to ``args.host`` (loopback unless the
+    user sets another, which is logged once) on a free port, with its own temporary folder; its
+    output goes to ``log_path``. Every route but ``/health`` and ``/metrics`` wants :attr:`api_key`
+    (vLLM's own check on ``/v1``; :mod:`~spectune.engines._guard` on the others where the engine
+    runs in spectune's environment), fresh for each server and given to it in its environment
+    (``VLLM_API_KEY``), so that the key is in no command line, log or record, and another user of
+    the host can neither send it requests nor disturb a measurement.
+    It is stopped by signalling its whole process group, SIGTERM then, after ``stop_timeout``,
+    SIGKILL. If the process that started it dies, even by SIGKILL, a watchdog process
+    (``_watchdog``) stops the group; the kernel also sends the server SIGTERM then (Linux
+    ``PR_SET_PDEATHSIG``).
     """
 
     def __init__(
@@ -216,8 +238,10 @@ class VLLMServer(EngineServer):
         self.memory_waits = memory_waits
         """Seconds to wait before each new start while the devices' memory is not yet free
         (:data:`MEMORY_BUSY`); the last refusal is the trial's failure."""
+        _warn_if_exposed(self.args.host)
         self.port = port if port is not None else free_port(self.args.host)
         self.command = build_command(self.args, spec, self.port, self.platform)
+        self._api_key = secrets.token_urlsafe(32)
         self.startup_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._tmpdir: str | None = None
@@ -239,6 +263,10 @@ class VLLMServer(EngineServer):
     @property
     def served_model_name(self) -> str:
         return self.args.served_model_name or self.args.model
+
+    @property
+    def api_key(self) -> str:
+        return self._api_key
 
     @property
     def pid(self) -> int | None:
@@ -292,7 +320,7 @@ class VLLMServer(EngineServer):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._tmpdir = tempfile.mkdtemp(prefix="spectune-engine-")
         env = {**os.environ, **(self.binding.env if self.binding else {}), **self.args.env,
-               "TMPDIR": self._tmpdir, "PYTHONUNBUFFERED": "1"}
+               "TMPDIR": self._tmpdir, "PYTHONUNBUFFERED": "1", API_KEY_ENV: self._api_key}
         _logger.info("starting engine: %s", " ".join(self.command))
         t0 = time.monotonic()
         with self.log_path.open("ab") as log:

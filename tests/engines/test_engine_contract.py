@@ -39,6 +39,10 @@ class Probe:
     log_tail: str
     failed_start: EngineStartError
     failed_group_gone: bool
+    without_key: int
+    """HTTP status of a completion request sent without the server's API key."""
+    key_shown: bool
+    """Whether the API key is in the server's command line, log or arguments."""
 
 
 def _server(kind: str, tiny_models, log: Path, *, broken: bool = False) -> EngineServer:  # noqa: ANN001
@@ -61,10 +65,14 @@ def probe(request: pytest.FixtureRequest, tiny_models, tmp_path_factory: pytest.
     with server as s:
         healthy = httpx.get(f"{s.base_url}/health", timeout=5).status_code
         before = fetch_counters(s.base_url)
-        result = run_load(s.base_url, s.served_model_name, prompts, workload, concurrency=2)
+        result = run_load(s.base_url, s.served_model_name, prompts, workload, concurrency=2, api_key=s.api_key)
         generated = (fetch_counters(s.base_url) - before).generation_tokens
+        without_key = httpx.post(f"{s.base_url}/v1/completions", timeout=30,
+                                 json={"model": s.served_model_name, "prompt": "hi", "max_tokens": 1}).status_code
         running, pgid, port = s.is_running(), os.getpgid(server.pid or 0), server.port
     server.stop()  # idempotent
+    key = server.api_key or ""
+    key_shown = key in " ".join(server.command) or key in server.log_path.read_text() or key in server.args.model_dump_json()
     broken = _server(request.param, tiny_models, logs / "broken.log", broken=True)
     with pytest.raises(EngineStartError) as failed, broken:
         pass
@@ -72,7 +80,7 @@ def probe(request: pytest.FixtureRequest, tiny_models, tmp_path_factory: pytest.
                  [r.output_tokens or 0 for r in result.succeeded], generated, running, server.is_running(),
                  group_is_gone(pgid), port_is_free(port), server.log_path.read_text().splitlines()[0], server.log_tail(),
                  failed.value,
-                 broken.pid is not None and group_is_gone(broken.pid))
+                 broken.pid is not None and group_is_gone(broken.pid), without_key, key_shown)
 
 
 def test_entering_returns_a_healthy_server(probe: Probe) -> None:
@@ -83,6 +91,11 @@ def test_entering_returns_a_healthy_server(probe: Probe) -> None:
 def test_completions_stream_with_usage_and_the_metrics_count_them(probe: Probe) -> None:
     assert probe.ok_requests == 3 and all(0 < n <= 8 for n in probe.output_tokens)
     assert probe.generated == sum(probe.output_tokens)  # /metrics is Prometheus text, cumulative
+
+
+def test_the_api_answers_only_its_own_key_which_is_never_shown(probe: Probe) -> None:
+    assert probe.without_key == 401  # another user of the host cannot send it requests
+    assert not probe.key_shown
 
 
 def test_leaving_stops_every_process_and_frees_the_port(probe: Probe) -> None:

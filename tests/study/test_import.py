@@ -4,6 +4,7 @@ study, refused when they measured something else, and counted by guided search (
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -135,7 +136,8 @@ def test_a_result_vllm_bench_serve_wrote_against_a_real_server_is_imported(tiny_
             "--custom-output-len", "32", "--temperature", "0", "--disable-tqdm",
             "--metadata", f"speculative_config={json.dumps(spec.to_vllm())}", "workload=repetitive",
             "--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json",
-        ], capture_output=True, text=True, timeout=600, check=False)
+        ], capture_output=True, text=True, timeout=600, check=False,
+            env={**os.environ, "OPENAI_API_KEY": server.api_key})  # vllm bench sends it as the bearer key
     assert bench.returncode == 0, bench.stderr[-3000:]
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["spec_decode_num_drafts"] > 0  # vllm bench read the engine's counters itself
