@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import zlib
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ __all__ = [
     "StoredTrial",
     "open_optuna_storage",
     "resolve_storage_url",
+    "safe_url",
     "study_lock",
     "worker_claim",
 ]
@@ -99,18 +101,30 @@ def resolve_storage_url(url: str | None = None) -> str:
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StorageError(f"storage {url} cannot be used: cannot create {folder}: {e.strerror}") from e
+            raise StorageError(f"storage {safe_url(url)} cannot be used: cannot create {folder}: {e.strerror}") from e
     return url
 
 
-def _safe_url(url: str) -> str:
-    """The URL as it may be shown: without its password."""
-    return sa.engine.make_url(url).render_as_string(hide_password=True) if "://" in url else url
+def safe_url(url: str) -> str:
+    """The storage URL as it may be shown, logged or recorded: its password masked
+    (``postgresql://user:***@host/db``), also in a URL SQLAlchemy cannot parse."""
+    if "://" not in url:
+        return url
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except (sa.exc.ArgumentError, ValueError):
+        return re.sub(r"(://[^/@:]*):[^/@]*@", r"\1:***@", url)
 
 
 def _describe(url: str, err: Exception) -> str:
     first = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
-    return f"storage {_safe_url(url)} cannot be used: {first}"
+    try:  # a driver may quote its connection string back
+        password = sa.engine.make_url(url).password if "://" in url else None
+    except (sa.exc.ArgumentError, ValueError):
+        password = None
+    if password:
+        first = first.replace(str(password), "***")
+    return f"storage {safe_url(url)} cannot be used: {first}"
 
 
 @functools.lru_cache(maxsize=8)
@@ -228,7 +242,7 @@ def _take(lock_path: Path, url: str) -> IO[str]:
         holder = handle.read().strip() or "another process"
         handle.close()
         raise StorageError(
-            f"storage {url} is in use by another spectune worker ({holder}); SQLite serves the "
+            f"storage {safe_url(url)} is in use by another spectune worker ({holder}); SQLite serves the "
             "workers of one process: give several workers a PostgreSQL storage "
             "(--storage postgresql+psycopg://USER@HOST/DB)") from None
     handle.seek(0)
@@ -328,7 +342,7 @@ class MeasurementStore:
                 conn.execute(sa.insert(meta_table).values(key="schema_version", value=str(SCHEMA_VERSION)))
             elif int(stored) > SCHEMA_VERSION:
                 raise StorageError(
-                    f"storage {_safe_url(self.url)} holds spectune tables of schema "
+                    f"storage {safe_url(self.url)} holds spectune tables of schema "
                     f"version {stored}; this spectune reads up to version {SCHEMA_VERSION}: upgrade spectune")
 
     def record(

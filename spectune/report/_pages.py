@@ -6,7 +6,6 @@ import datetime as dt
 import html
 import importlib.metadata
 import logging
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import best_config_yaml, best_line, decide, fmt
 from spectune.results import engine_spread_note, prediction_errors_note, stop_note
+from spectune.storage import safe_url
 
 if TYPE_CHECKING:
 
@@ -53,15 +53,6 @@ def _value(x: Any) -> str:
     if isinstance(x, float):
         return fmt(x)
     return str(x)
-
-
-def safe_url(url: str) -> str:
-    import sqlalchemy as sa
-
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a URL that does not parse is shown without its credentials
-        return re.sub(r"//[^@/]*@", "//***@", url)
 
 
 def _spectune_version() -> str:
