@@ -152,7 +152,7 @@ def optimize(
     create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
-    from spectune.storage import resolve_storage_url, worker_claim
+    from spectune.storage import resolve_storage_url, safe_url, worker_claim
     from spectune.study import create_study, load_study_config
     from spectune.worker import parse_gpus
 
@@ -167,7 +167,7 @@ def optimize(
     with worker_claim(resolve_storage_url(cfg.storage)):  # a second process on SQLite writes nothing
         ctx = create_study(cfg)
         if create_only:
-            typer.echo(f"created study {ctx.study.study_name} in {ctx.url}: {cfg.trials} trials; "
+            typer.echo(f"created study {ctx.study.study_name} in {safe_url(ctx.url)}: {cfg.trials} trials; "
                        f"spectune worker --storage URL --study {ctx.study.study_name} measures it")
             return
         _work(ctx, slots)
@@ -195,6 +195,7 @@ def _work(ctx: StudyContext, slots: list[Slot]) -> None:
     from spectune.errors import SpectuneError
     from spectune.report import annotate_study
     from spectune.results import open_study
+    from spectune.storage import safe_url
     from spectune.worker import run_worker
 
     console = _err_console()
@@ -202,7 +203,7 @@ def _work(ctx: StudyContext, slots: list[Slot]) -> None:
         result = run_worker(ctx, slots=slots, progress=progress.on_event, trial_progress=progress.trial_hook)
     console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
                   f"{result.reused} reused here; {result.finished} of {ctx.config.trials} trials finished; "
-                  f"storage {result.storage}")
+                  f"storage {safe_url(result.storage)}")
     view = open_study(result.storage, result.study_name)
     try:  # the dashboard's note and figures; a study that cannot be annotated is still a result
         annotate_study(view)

@@ -40,6 +40,7 @@ from spectune.storage import (
     MeasurementStore,
     open_optuna_storage,
     resolve_storage_url,
+    safe_url,
     study_lock,
 )
 from spectune.workloads import WorkloadFeatures, compute_features
@@ -315,6 +316,8 @@ def create_study(config: StudyConfig) -> StudyContext:
         record = StudyRecord.of(study)
         stored = record.spectune_config
         current = json.loads(config.model_dump_json())
+        if current.get("storage"):  # kept with the study, shown by reports: never its password
+            current["storage"] = safe_url(current["storage"])
         resolved = json.loads(ctx.engine.model_dump_json())  # the space's engine section included
         if isinstance(stored, dict):  # a study of an earlier spectune has no resolved engine_args to compare
             before = record.engine_args
@@ -348,10 +351,10 @@ def join_study(storage: str | None, study_name: str) -> StudyContext:
     url = resolve_storage_url(storage)
     names = study_names(url)
     if study_name not in names:
-        raise ConfigError(f"no study named {study_name!r} in {url} (studies: {', '.join(names) or 'none'})")
+        raise ConfigError(f"no study named {study_name!r} in {safe_url(url)} (studies: {', '.join(names) or 'none'})")
     definition = MeasurementStore(url).definition(study_name)
     if definition is None:
-        raise ConfigError(f"study {study_name!r} in {url} was not created to be joined: "
+        raise ConfigError(f"study {study_name!r} in {safe_url(url)} was not created to be joined: "
                           "run spectune optimize with it once to store its definition")
     source = f"study {study_name}"
     config = validate(StudyConfig, {**definition["config"], "storage": url}, source)

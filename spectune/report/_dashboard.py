@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from spectune._util import is_loopback
 from spectune.errors import ConfigError, SpectuneError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
@@ -111,7 +112,7 @@ def serve_dashboard(
     rdb = open_optuna_storage(url)
     if annotate:
         annotate_storage(url, rdb)
-    if host not in {"127.0.0.1", "localhost", "::1"}:
+    if not is_loopback(host):
         _logger.warning("the dashboard listens on %s: anyone who reaches it can change or delete studies", host)
 
     class _Handler(WSGIRequestHandler):

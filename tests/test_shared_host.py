@@ -12,11 +12,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from conftest import FAKE_ENGINE, study_config
 
 from spectune._util import validate
@@ -141,6 +146,81 @@ def test_a_checkpoint_s_own_tokenizer_code_never_runs_when_spectune_reads_it(
         check_pairing(str(folders[0]), str(folders[1]), "draft_model")  # cannot compare: passes, says so
     assert not marker.exists()
     assert "cannot load the tokenizer" in caplog.text and "custom code" in caplog.text
+
+
+# -- storage passwords and the dashboard ----------------------------------------------------------
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "spectune.cli", *args], capture_output=True, text=True, timeout=300,
+                          check=False, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.postgres
+def test_a_storage_password_is_in_no_message_log_record_report_or_export(tmp_path: Path, repetitive_prompts: Path,
+                                                                         pg_url: str) -> None:
+    """A study on PostgreSQL with a password in its URL (the machine's server trusts local
+    connections and ignores it), measured on stand-in engines, then every reading command."""
+    import sqlalchemy as sa
+
+    secret = "s3cret-Pa55word"
+    url = pg_url.replace("postgres@", f"postgres:{secret}@", 1)
+    cfg = study_config(tmp_path, "stand-in", repetitive_prompts, NGRAM_SPACE, "pw", trials=2, storage=url)
+    cfg_file = tmp_path / "study.yaml"
+    cfg_file.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
+    engines = {"SPECTUNE_SERVE_COMMAND": f"{sys.executable} {FAKE_ENGINE} --model", "FAKE_ENGINE_BEHAVIOUR": "serve"}
+    out = tmp_path / "out"
+    runs = {
+        "optimize": _cli("--verbose", "optimize", "--config", str(cfg_file), env=engines),
+        "create-only": _cli("optimize", "--config", str(cfg_file), "--create-only"),
+        "show": _cli("show", "--storage", url, "--study", "pw"),
+        "show --json": _cli("show", "--storage", url, "--study", "pw", "--json"),
+        "export": _cli("export", "--storage", url, "--study", "pw", "-o", str(out / "best.yaml")),
+        "report md": _cli("report", "--storage", url, "--study", "pw", "-o", str(out / "report.md")),
+        "report html": _cli("report", "--storage", url, "--study", "pw", "-o", str(out / "report.html")),
+        "no such study": _cli("worker", "--storage", url, "--study", "nope"),
+        "unreachable": _cli("show", "--storage", url.replace(":5432/", ":1/")),
+    }
+    for name, run in runs.items():
+        assert run.returncode == (2 if name in ("no such study", "unreachable") else 0), (name, run.stderr[-2000:])
+        assert secret not in run.stdout + run.stderr, name
+    assert "postgres:***@127.0.0.1" in runs["optimize"].stderr  # the URL is shown, masked
+    for name in ("no such study", "unreachable"):  # one line, the URL masked
+        assert runs[name].stderr.count("\n") == 1 and "postgres:***@" in runs[name].stderr, runs[name].stderr
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and p != cfg_file]
+    assert {p.name for p in out.iterdir()} >= {"best.yaml", "report.md", "report.html"}
+    for path in files:  # the export, its provenance, the reports, the engines' logs
+        assert secret.encode() not in path.read_bytes(), path
+    engine = sa.create_engine(pg_url)
+    try:  # what the database keeps of the study: its configuration and definition too
+        with engine.connect() as conn:
+            for table in sa.inspect(conn).get_table_names():
+                rows = conn.execute(sa.text(f'SELECT * FROM "{table}"')).all()
+                assert secret not in repr(rows), table
+    finally:
+        engine.dispose()
+
+
+def test_the_dashboard_says_in_one_line_when_it_listens_beyond_loopback(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "spectune.cli", "dashboard", "--storage", str(tmp_path / "s.db"),
+                             "--host", "0.0.0.0", "--port", "0"],  # noqa: S104 - what is tested
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any("optuna-dashboard at" in line for line in lines):
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=30)
+    said = [line for line in lines if "0.0.0.0" in line and "optuna-dashboard at" not in line]
+    assert len(said) == 1, lines
+    assert "the dashboard listens on 0.0.0.0: anyone who reaches it can change or delete studies" in said[0]
+    assert any("optuna-dashboard at http://0.0.0.0:" in line for line in lines), lines
 
 
 # -- a real engine: its key in nothing spectune writes ---------------------------------------------
