@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test test-fast demo bench-landscapes clean
+.PHONY: setup test test-fast demo bench-landscapes bench-fleet-load clean
 
 setup:
 	scripts/setup.sh
@@ -19,6 +19,10 @@ demo: setup
 
 bench-landscapes: setup
 	$(PY) benchmarks/landscapes.py
+
+# 8 worker processes on a PostgreSQL study (the machine's server, a database of its own) and 4 on SQLite
+bench-fleet-load: setup
+	$(PY) benchmarks/fleet_load.py
 
 clean:
 	rm -rf storage/*.db storage/logs .pytest_cache
