@@ -1,4 +1,5 @@
-"""Small shared helpers: pydantic base, YAML loading with one-line errors, atomic writes."""
+"""Small shared helpers: pydantic base, YAML loading with one-line errors, atomic writes, the
+points where a worker may be stopped."""
 
 from __future__ import annotations
 
@@ -48,6 +49,74 @@ def every(seconds: float, call: Callable[[], None], name: str) -> Iterator[None]
     finally:
         stop.set()
         thread.join()
+
+
+class Stopped(KeyboardInterrupt):
+    """A polite stop of a worker (SIGTERM, Ctrl-C), raised only where it waits (:data:`STOPS`).
+
+    A KeyboardInterrupt, so that every path that stops an engine and marks its trial
+    interrupted on Ctrl-C does the same for it."""
+
+
+class StopPoints:
+    """Where a polite stop may land in a worker's threads: only where they wait (an engine
+    measuring, a sleep before asking the study again), never while they create, record or tell
+    a trial, so that a stop leaves nothing half-written. A stop asked of a thread elsewhere is
+    raised at its next waiting point.
+
+    Thread-safe. :meth:`stop_here` may be called from a signal handler in the thread it stops
+    (it takes no lock); :meth:`stop_thread` from any other thread.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[int, int] = {}
+        self._asked: set[int] = set()
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """A block where a stop may land: raised at once if one was asked before it."""
+        tid = threading.get_ident()
+        with self._lock:
+            self._waiting[tid] = self._waiting.get(tid, 0) + 1
+        try:
+            self.check()
+            yield
+        finally:
+            with self._lock:
+                self._waiting[tid] -= 1
+
+    def check(self) -> None:
+        """Raise :class:`Stopped` if a stop was asked of this thread."""
+        tid = threading.get_ident()
+        if tid in self._asked:
+            self._asked.discard(tid)
+            raise Stopped
+
+    def stop_here(self) -> None:
+        """Stop this thread: now where it waits, else at its next waiting point."""
+        tid = threading.get_ident()
+        if self._waiting.get(tid):
+            raise Stopped
+        self._asked.add(tid)
+
+    def stop_thread(self, tid: int) -> None:
+        """Stop thread ``tid`` (another one): now where it waits, else at its next waiting point."""
+        import ctypes
+
+        with self._lock:
+            if self._waiting.get(tid):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.py_object(Stopped))
+            else:
+                self._asked.add(tid)
+
+    def forget(self) -> None:
+        """Drop the stops asked of threads that never reached a waiting point again."""
+        self._asked.clear()
+
+
+STOPS = StopPoints()
+"""The process's stop points: signals reach a process, not a worker."""
 
 
 def is_loopback(host: str) -> bool:

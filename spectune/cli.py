@@ -190,7 +190,10 @@ def worker(
 
 
 def _work(ctx: StudyContext, slots: list[Slot]) -> None:
-    """Run a worker on the study with rich progress, then say where the study stands."""
+    """Run a worker on the study with rich progress, then say where the study stands. SIGTERM
+    and Ctrl-C stop it politely: one line, exit 0."""
+    import signal
+
     from spectune._progress import StudyProgress
     from spectune.errors import SpectuneError
     from spectune.report import annotate_study
@@ -200,7 +203,15 @@ def _work(ctx: StudyContext, slots: list[Slot]) -> None:
 
     console = _err_console()
     with StudyProgress(console, ctx.config.trials, startup_timeout=ctx.config.startup_timeout) as progress:
-        result = run_worker(ctx, slots=slots, progress=progress.on_event, trial_progress=progress.trial_hook)
+        result = run_worker(ctx, slots=slots, progress=progress.on_event, trial_progress=progress.trial_hook,
+                            stop_signals=(signal.SIGTERM, signal.SIGINT))
+    if result.stopped:
+        back = result.handed_back
+        told = (f"trial{'s' if len(back) > 1 else ''} {', '.join(map(str, back))} handed back to the study"
+                if back else "no trial was running")
+        console.print(f"stopped by {result.stopped}: engines stopped, {told}; {result.measured} measured here",
+                      soft_wrap=True)
+        return
     console.print(f"study {result.study_name}: {result.measured} measured, {result.failed} failed, "
                   f"{result.reused} reused here; {result.finished} of {ctx.config.trials} trials finished; "
                   f"storage {safe_url(result.storage)}")
@@ -442,8 +453,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: spectune's errors become one line and an exit code.
 
     Usage errors (a missing or malformed option) exit 2, as do ConfigError and StorageError;
-    EngineError exits 1; Ctrl-C exits 130 once every engine has been stopped. Each is one line
-    on stderr (an engine failure adds the path of the engine's log).
+    EngineError exits 1; Ctrl-C exits 130 once every engine has been stopped, except in a worker
+    (``optimize``, ``worker``), which SIGTERM and Ctrl-C stop politely with exit 0. Each is one
+    line on stderr (an engine failure adds the path of the engine's log).
     """
     from rich.markup import escape
 

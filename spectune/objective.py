@@ -2,8 +2,10 @@
 one), its figures as trial attributes and its Measurement in spectune's table.
 
 A failed engine is data: the trial's ``fail_reason`` and the table say why, and
-:class:`~spectune.errors.EngineError` is raised for the worker to tell Optuna FAIL. Ctrl-C
-marks the trial ``interrupted`` (measured again later) and lets KeyboardInterrupt through.
+:class:`~spectune.errors.EngineError` is raised for the worker to tell Optuna FAIL. Ctrl-C or a
+polite stop (SIGTERM) marks the trial ``interrupted`` (measured again later) and lets
+KeyboardInterrupt through; a polite stop lands only while the engine runs, never while the
+result is recorded.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from spectune._util import STOPS
 from spectune.errors import EngineError
 from spectune.measurement import relative_noise, spec_key, speedup
 from spectune.records import INTERRUPTED, TrialRecord, write_fields, write_study_fields
@@ -88,9 +91,10 @@ class TrialFunction:
         tid = trial_id(self.storage, self.study.study_name, trial.number)
         cfg = self.config
         try:
-            m = self.measure(engine or self.engine, spec, cfg.workload, self.prompts, log_dir=cfg.log_dir,
-                             startup_timeout=cfg.startup_timeout, window_timeout=cfg.window_timeout,
-                             progress=phase_hook, repeats=cfg.repeats)
+            with STOPS.waiting():  # a polite stop lands here, never while the result is recorded
+                m = self.measure(engine or self.engine, spec, cfg.workload, self.prompts, log_dir=cfg.log_dir,
+                                 startup_timeout=cfg.startup_timeout, window_timeout=cfg.window_timeout,
+                                 progress=phase_hook, repeats=cfg.repeats)
             values = [o.of(m) for o in cfg.objectives]
         except EngineError as e:
             self.counts["failed"] += 1
@@ -147,7 +151,8 @@ class TrialFunction:
             t = self.study.get_trials(deepcopy=False)[number]
             if t.state.is_finished():
                 return t
-            time.sleep(poll)
+            with STOPS.waiting():
+                time.sleep(poll)
 
     def _baseline_value(self) -> float | None:
         for t in self.study.get_trials(deepcopy=False):

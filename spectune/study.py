@@ -12,8 +12,9 @@ of a dead worker's trial); spectune adds the trial function, its own tables, and
 - A candidate measured before in the study is not measured again: its values are reused.
 - An engine that fails, crashes or times out makes the trial FAIL with the reason in the
   trial's ``fail_reason`` attribute and in spectune's table; the study goes on.
-- Ctrl-C stops the engine, marks the running trial FAIL with ``fail_reason = "interrupted"``
-  and exits non-zero; the next run measures that candidate again and does not count it as done.
+- SIGTERM or Ctrl-C stops the engine, marks the running trial FAIL with ``fail_reason =
+  "interrupted"`` and exits 0 (:func:`spectune.worker.run_worker`); the next worker that asks,
+  here or on another machine, measures that candidate again and does not count it as done.
 - SLOs are constraints: a trial that breaks one is infeasible and never "best".
 """
 
@@ -220,6 +221,11 @@ class StudyResult:
     finished: int = 0
     """Finished trials of the study, by every worker (engine failures count; rechecks and
     confirmations do not): what ``trials`` is a budget of."""
+    stopped: str | None = None
+    """The signal that stopped this worker politely (``"SIGTERM"``, ``"SIGINT"``), None when the
+    study needed no more trials."""
+    handed_back: list[int] = field(default_factory=list)
+    """Trials the stop interrupted, told FAIL as ``interrupted`` for another worker to measure."""
 
 
 def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:

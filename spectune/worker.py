@@ -10,14 +10,20 @@ dies (even by SIGKILL) takes its engine with it (:class:`spectune.engines.VLLMSe
 watchdog), and its RUNNING trial goes stale: the next worker that asks fails it, and Optuna's
 stale-trial callback queues it again (:func:`spectune.storage.open_optuna_storage`), for the
 first worker that asks next.
+
+A worker told to stop politely (SIGTERM, as Kubernetes evicts a pod; Ctrl-C) stops its engines
+and hands their trials back at once: each is told FAIL as ``interrupted``, which the search
+measures again first, on whichever worker asks next. A stop lands only where a worker waits
+(:data:`spectune._util.STOPS`), never while it creates, records or tells a trial.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
+import queue
+import signal
 import socket
 import threading
 import time
@@ -26,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from spectune._util import every
+from spectune._util import STOPS, Stopped, every
 from spectune.config import candidate_label
 from spectune.errors import ConfigError, EngineError
 from spectune.measurement import candidate_key
@@ -187,6 +193,8 @@ class _Worker:
         self.slots = slots
         self.poll = poll if poll is not None else float(min(POLL_SECONDS, ctx.config.heartbeat_interval))
         self.host = socket.gethostname()
+        self.handed_back: list[int] = []
+        """Trials told FAIL as interrupted by a polite stop, for another worker to measure."""
 
     def fail_stale(self) -> None:
         """Fail the RUNNING trials whose heartbeat stopped (Optuna queues each again), under the
@@ -235,9 +243,10 @@ class _Worker:
         limit = MAX_ATTEMPTS_PER_TRIAL * self.ctx.config.trials
         waited_on: tuple[tuple[int, str], ...] | None = None
         while attempts < limit:
+            STOPS.check()
             fingerprint = tuple((t.number, t.state.name) for t in self.ctx.study.get_trials(deepcopy=False))
             if fingerprint == waited_on:  # nothing finished since the last answer was to wait
-                time.sleep(self.poll)
+                self.pause()
                 self.fail_stale()  # a dead worker's trial, queued again, changes the fingerprint
                 continue
             claimed = self.claim(slot)
@@ -247,16 +256,21 @@ class _Worker:
             if isinstance(claimed, Wait):
                 _logger.info("worker waits: %s", claimed.why)
                 waited_on = fingerprint
-                time.sleep(self.poll)
+                self.pause()
                 continue
             waited_on = None
             attempts += 1
             self.measure(claimed, slot)
         _logger.warning("worker stops after %d trials: the sampler keeps suggesting measured candidates", attempts)
 
+    def pause(self) -> None:
+        """Wait :attr:`poll` seconds before asking the study again (a stop may land here)."""
+        with STOPS.waiting():
+            time.sleep(self.poll)
+
     def measure(self, claimed: _Claim, slot: Slot) -> None:
         """Run the trial with its heartbeat and tell Optuna how it ended; KeyboardInterrupt and
-        other errors are told as FAIL, then go on up."""
+        other errors are told as FAIL, then go on up (a polite stop's trial: :attr:`handed_back`)."""
         import optuna
 
         trial, study = claimed.trial, self.ctx.study
@@ -267,42 +281,49 @@ class _Worker:
             except EngineError:  # data: recorded by the trial function
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 return
-            except BaseException:
+            except BaseException as e:
                 if TrialRecord.of(trial).fail_reason is None:
                     write_fields(trial, fail_reason=INTERRUPTED)
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                if isinstance(e, Stopped):
+                    self.handed_back.append(trial.number)
                 raise
         study.tell(trial, values if len(values) > 1 else values[0])
 
     def run_slots(self) -> None:
-        """One slot in this thread; several in threads of their own. Ctrl-C (in this thread)
-        is raised in every slot's thread too, so that each stops its engine and marks its trial
-        interrupted."""
+        """One slot in this thread; several in threads of their own. Ctrl-C or a polite stop
+        (in this thread) is raised in every slot's thread too, where it waits, so that each stops
+        its engine and marks its trial interrupted."""
         if len(self.slots) == 1:
             self.loop(self.slots[0])
             return
         errors: list[BaseException] = []
+        ended: queue.SimpleQueue[Slot] = queue.SimpleQueue()
 
         def target(slot: Slot) -> None:
             try:
                 self.loop(slot)
             except BaseException as e:
                 errors.append(e)
+            finally:
+                ended.put(slot)
 
         threads = [threading.Thread(target=target, args=(s,), name=f"spectune-slot-{s.label}") for s in self.slots]
         for t in threads:
             t.start()
         try:
-            for t in threads:
-                while t.is_alive():
-                    t.join(timeout=0.5)
+            with STOPS.waiting():
+                for _ in threads:  # not Thread.join: Python 3.11 takes a thread interrupted there for ended
+                    ended.get()
         except KeyboardInterrupt:
             for t in threads:
                 if t.is_alive() and t.ident is not None:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(KeyboardInterrupt))
+                    STOPS.stop_thread(t.ident)
             for t in threads:
                 t.join()
             raise
+        for t in threads:
+            t.join()
         if errors:
             raise errors[0]
 
@@ -334,24 +355,31 @@ def run_worker(
     measure_fn: Callable[..., Measurement] | None = None,
     strategy: SearchStrategy | None = None,
     poll_seconds: float | None = None,
+    stop_signals: Sequence[int] = (),
 ) -> StudyResult:
     """Work on study ``ctx`` until it needs no more trials: its budget of finished trials is spent
     (counted over every worker), the search has stopped and its rechecks and confirmations are
     done. ``slots``: one engine at a time on each (default: one, placed by the environment).
     ``poll_seconds``: how often a waiting worker looks again (default :data:`POLL_SECONDS`).
 
+    ``stop_signals`` (``signal.SIGTERM``, ``signal.SIGINT``; from the main thread only) stop the
+    worker politely: its engines are stopped (within 10 s), their trials told FAIL as
+    ``interrupted`` at once, so that another worker measures them without waiting for the
+    heartbeat's grace period, and it returns with :attr:`StudyResult.stopped` and
+    :attr:`StudyResult.handed_back` set. A second signal meanwhile is ignored.
+
     Raises:
         StorageError: another process works on the same SQLite file (one line naming PostgreSQL).
         ConfigError: GPU groups that do not fit the study.
-    Lets KeyboardInterrupt through once every engine has stopped and its trial is marked
-    ``interrupted``.
+    Lets KeyboardInterrupt (not one of ``stop_signals``) through once every engine has stopped
+    and its trial is marked ``interrupted``.
     """
     from spectune.trial import measure as measure_engine
 
     slots = slots or [Slot()]
     hook = progress or (lambda e: None)
     config = ctx.config
-    with worker_claim(ctx.url):
+    with worker_claim(ctx.url), _stopping_on(stop_signals) as stopped:
         _check_placement(ctx, slots)
         strategy = strategy or StudyStrategy(
             space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler, objectives=len(config.objectives),
@@ -362,12 +390,47 @@ def run_worker(
         run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
                             prompts=ctx.prompts, measure=measure_fn or measure_engine, hook=hook,
                             trial_progress=trial_progress)
-        _Worker(ctx, strategy, run, slots, poll_seconds).run_slots()
+        worker = _Worker(ctx, strategy, run, slots, poll_seconds)
+        try:
+            worker.run_slots()
+        except Stopped:
+            if not stopped:  # a Stopped no signal of ours asked for: not a polite stop
+                raise
     study = ctx.study
     complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
     return StudyResult(study_name=study.study_name, storage=ctx.url, **run.counts,
                        best=[t.number for t in study.best_trials] if complete else [],
-                       finished=sum(1 for t in snapshots(study) if t.finished))
+                       finished=sum(1 for t in snapshots(study) if t.finished),
+                       stopped=stopped[0] if stopped else None, handed_back=sorted(worker.handed_back))
+
+
+@contextlib.contextmanager
+def _stopping_on(signals: Sequence[int]) -> Iterator[list[str]]:
+    """While the block runs, each of ``signals`` stops the worker politely (:data:`STOPS`); the
+    list yielded gets the first one's name. Outside the main thread nothing changes (Python
+    handles signals there only)."""
+    got: list[str] = []
+    if not signals or threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if got:
+            _logger.warning("%s: already stopping", name)
+            return
+        got.append(name)
+        _logger.info("%s: stopping the engines and handing their trials back to the study", name)
+        STOPS.stop_here()
+
+    # a signal ignored when the worker started (nohup, a shell's background job) stays ignored
+    before = {s: signal.signal(s, handler) for s in signals if signal.getsignal(s) is not signal.SIG_IGN}
+    try:
+        yield got
+    finally:
+        for s, previous in before.items():
+            signal.signal(s, previous)
+        STOPS.forget()
 
 
 def run_study(
@@ -377,6 +440,7 @@ def run_study(
     trial_progress: Callable[[str], TrialHook | None] | None = None,
     measure_fn: Callable[..., Measurement] | None = None,
     gpus: str | None = None,
+    stop_signals: Sequence[int] = (),
 ) -> StudyResult:
     """Create (or resume) the study ``config`` describes and work on it in this process until it
     needs no more trials (:func:`spectune.study.create_study`, then :func:`run_worker`). Other
@@ -385,6 +449,7 @@ def run_study(
     ``measure_fn`` replaces :func:`spectune.trial.measure` (same arguments): a recorded
     landscape answers with :meth:`spectune.landscape.Landscape.measurer`, to compare search
     strategies without engines. ``gpus``: one engine per GPU group at once (``"0,1"``, ``"0-1,2-3"``).
+    ``stop_signals``: as for :func:`run_worker`.
 
     Raises ConfigError / StorageError for bad input before anything is written, and lets
     KeyboardInterrupt through after the running engines have been stopped.
@@ -392,4 +457,4 @@ def run_study(
     slots = parse_gpus(gpus)  # bad input first
     with worker_claim(resolve_storage_url(config.storage)):  # a second process on SQLite writes nothing
         return run_worker(create_study(config), slots=slots, progress=progress, trial_progress=trial_progress,
-                          measure_fn=measure_fn)
+                          measure_fn=measure_fn, stop_signals=stop_signals)

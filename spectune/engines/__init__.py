@@ -18,6 +18,7 @@ from spectune.engines._platform import (
 from spectune.engines._vllm import (
     DEFAULT_STARTUP_TIMEOUT,
     MEMORY_BUSY,
+    STOP_TIMEOUT,
     VLLMServer,
     applied_defaults,
     build_command,
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULT_STARTUP_TIMEOUT",
     "MEMORY_BUSY",
     "PIN_ENV",
+    "STOP_TIMEOUT",
     "CpuBinding",
     "EngineServer",
     "Platform",

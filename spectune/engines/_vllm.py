@@ -45,6 +45,11 @@ excluding external process's weights" (0.32 on), and the CPU build's "Available 
 nothing about the configuration: most often the previous engine on these devices has not given
 its memory back yet."""
 
+STOP_TIMEOUT = 7.0
+"""Seconds a stopped engine is given to exit after SIGTERM before its group is killed: an evicted
+worker (Kubernetes' SIGTERM) must have stopped its engine within 10 s; an engine holds nothing
+that a clean exit would save."""
+
 DEFAULT_STARTUP_TIMEOUT = 1800.0
 """Seconds an engine may take to become healthy: loading a 70B checkpoint from network storage,
 then compiling and capturing CUDA graphs, takes many minutes."""
@@ -219,7 +224,7 @@ class VLLMServer(EngineServer):
         *,
         log_path: Path,
         startup_timeout: float = DEFAULT_STARTUP_TIMEOUT,
-        stop_timeout: float = 15.0,
+        stop_timeout: float = STOP_TIMEOUT,
         port: int | None = None,
         platform: Platform | None = None,
         memory_waits: tuple[float, ...] = (10.0, 30.0, 60.0),

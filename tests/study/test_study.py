@@ -158,7 +158,7 @@ def test_export_is_accepted_by_vllms_own_parser(grid_study, tmp_path: Path) -> N
     assert args.speculative_config == spec_row.spec
 
 
-def test_ctrl_c_stops_the_engine_and_the_next_run_resumes(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
+def test_ctrl_c_stops_the_engine_within_10_s_and_the_next_run_resumes(tiny_models, repetitive_prompts: Path, tmp_path: Path) -> None:
     space = _space(tmp_path, "methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: 2\n"
                              "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
     cfg = study_config(tmp_path, tiny_models.target, repetitive_prompts, space.read_text(), "interrupt", trials=2)
@@ -186,17 +186,18 @@ def test_ctrl_c_stops_the_engine_and_the_next_run_resumes(tiny_models, repetitiv
         assert engine_pgid is not None, "trial 1 never started an engine"
         time.sleep(3)
         proc.send_signal(signal.SIGINT)
+        stopped_at = time.monotonic()
+        while not group_is_gone(engine_pgid) and time.monotonic() - stopped_at < 15:
+            time.sleep(0.1)
+        engine_gone = time.monotonic() - stopped_at
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == "interrupted", err
-    for _ in range(50):
-        if group_is_gone(engine_pgid):
-            break
-        time.sleep(0.2)
-    assert group_is_gone(engine_pgid)
+    assert engine_gone <= 10, f"the engine took {engine_gone:.1f} s to stop"
+    assert proc.returncode == 0, err  # a polite stop (SIGTERM too: tests/study/test_evictions.py)
+    assert err.strip().splitlines()[-1] == ("stopped by SIGINT: engines stopped, trial 1 handed back to the study; "
+                                            "1 measured here"), err
     study = optuna.load_study(study_name="interrupt", storage=storage)
     t1 = study.trials[1]
     assert t1.state.name == "FAIL" and t1.user_attrs["fail_reason"] == "interrupted"
