@@ -471,6 +471,16 @@ def _overhead(storage: str, name: str, engines: Path, launched: float) -> dict[s
     }}
 
 
+def _commit() -> dict[str, Any]:
+    """The checkout's commit, and whether spectune's code differs from it (uncommitted changes)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") or None,
+            "spectune_uncommitted_changes": bool(git("status", "--porcelain", "--", "spectune",
+                                                     "tests/fake_engine.py"))}
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == WORKER_MODE:
         _worker_main(Path(sys.argv[2]), sys.argv[3:])
@@ -523,7 +533,7 @@ def main() -> None:
                      "repeats": 1, "warmup_requests": 0, "engine": "tests/fake_engine.py --behaviour serve",
                      "niceness": os.nice(0)},
         "versions": {**versions().model_dump(), "optuna": optuna.__version__, "sqlalchemy": sqlalchemy.__version__,
-                     "postgresql": server},
+                     "postgresql": server, **_commit()},
         "hardware": hardware().model_dump(),
         "load_average": {"start": load_before, "end": os.getloadavg()},
         "runs": runs,
