@@ -365,7 +365,8 @@ class StudyView:
         measured on two engines, one measured on a single engine (the baseline included) is as
         noisy as engines differ (:meth:`engines`). The best beats the baseline when its gain
         exceeds the band: :func:`paired_band` of the two (the gap per prompt, with the engine
-        starts), or the sum of their noises where their requests do not pair up.
+        starts), or the sum of their noises where their requests do not pair up. When nothing
+        beat the baseline, the band is that of its gap to the best speculative configuration.
         """
         base, candidates, confirming = self.contenders()
         if base is None:
@@ -373,7 +374,11 @@ class StudyView:
         sign = 1.0 if self.maximize else -1.0
         best = max(candidates, key=lambda c: sign * c.value) if candidates else base
         spread = engine_spread(self.engines())
-        paired = self.paired_band(best, base, spread) if best is not base else None
+        # the band of the gap between the baseline and the best speculative configuration (the
+        # choice, or the runner-up when the baseline is best)
+        rival = best if best is not base else max((c for c in candidates if c is not base),
+                                                  key=lambda c: sign * c.value, default=None)
+        paired = self.paired_band(rival, base, spread) if rival is not None else None
         band = paired or best.noise + base.noise
         what = "paired band" if paired else "noise band"
         gain = _finite(speedup(self.maximize, best.value, base.value))
@@ -454,10 +459,11 @@ def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
 
 
 def open_study(storage: str | None, study_name: str | None) -> StudyView:
-    """Open an existing study for reading; with no name, the only (or newest) study there."""
+    """Open an existing study for reading; with no name, the only (or newest) study there.
+    Writes nothing: a SQLite file that does not exist is refused (StorageError)."""
     import optuna
 
-    url = resolve_storage_url(storage)
+    url = resolve_storage_url(storage, create=False)
     rdb = open_optuna_storage(url)
     store = MeasurementStore(url)  # refuses a database of a newer spectune first
     names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]

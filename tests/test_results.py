@@ -209,3 +209,14 @@ def test_the_paired_band_widens_with_what_the_prompts_disagree_on_and_with_the_e
     assert choice.noise_band == pytest.approx(BAND_Z * math.sqrt(se ** 2 + spread ** 2 / 2 + spread ** 2 / 2))
     # the gain (1.29x by the windows) is within it: the baseline is kept, and the reason says why
     assert choice.is_baseline and "within the paired band" in choice.reason
+
+
+def test_when_nothing_beats_the_baseline_its_band_is_that_of_the_gap_to_the_runner_up(tmp_path) -> None:  # noqa: ANN001
+    from spectune.results import BAND_Z, PRIOR_ENGINE_SPREAD
+
+    base = [1.0, 1.2, 1.1, 0.9, 0.3, 0.35, 0.4, 0.33]
+    view = _paired_study(tmp_path, [base], [[e * 1.1 for e in base]])  # 10 % slower on every prompt
+    choice = view.best()
+    assert choice.is_baseline and "no speculative configuration measured better" in choice.reason
+    assert choice.band_kind == "paired band"
+    assert choice.noise_band == pytest.approx(BAND_Z * PRIOR_ENGINE_SPREAD * 2 ** 0.5, rel=0.01)
