@@ -4,6 +4,7 @@ points where a worker may be stopped."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import tempfile
@@ -141,7 +142,7 @@ class StrictModel(BaseModel):
 def describe_validation_error(err: ValidationError, source: str | None = None) -> str:
     """One line naming the first offending key (dotted path) and why; ``source`` prefixes it."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+    loc = ".".join(str(p) if str(p).isprintable() else repr(str(p)) for p in first.get("loc", ()) if p != "__root__")
     msg = first.get("msg", "invalid value")
     if first.get("type") == "extra_forbidden":
         msg = "unknown key"
@@ -168,21 +169,106 @@ def validate(model: type[M], data: Any, source: str | None = None) -> M:
         raise ConfigError(describe_validation_error(e, source)) from e
 
 
-def load_yaml_file(path: Path) -> Any:
-    """Parse a YAML file; a missing file or a syntax error becomes a one-line ConfigError."""
+YAML_MAX_VALUES = 100_000
+"""The most values (scalars, lists and mappings, aliases counted as often as they are used) a
+YAML document spectune reads may hold: a configuration is far smaller, and an alias bomb far
+larger (nine levels of nine aliases are 387 million values)."""
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """PyYAML's safe loader (libyaml's where PyYAML has it: ten times faster, and it refuses
+    more than 1000 levels of nesting) that refuses a key given twice in one mapping (YAML forbids
+    it; the safe loader keeps the last silently)."""
+    import yaml
+
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            if isinstance(node, yaml.MappingNode):
+                seen: set[Any] = set()
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key = self.construct_object(key_node)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} given twice in one mapping", key_node.start_mark)
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+_JSON_TYPES = (str, int, float, bool, type(None))
+
+
+def _check_plain(data: Any, source: str) -> None:
+    """Refuse a document that is not plain data: a value YAML reads as a date, binary or set
+    (whose text spectune would not see), one that contains itself, or one larger than
+    :data:`YAML_MAX_VALUES` once its aliases are expanded. Iterative: the depth is unbounded."""
+    count = 0
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        value, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(value))
+            continue
+        count += 1
+        if count > YAML_MAX_VALUES:
+            raise ConfigError(f"{source}: invalid YAML: more than {YAML_MAX_VALUES} values once its aliases "
+                              "are expanded")
+        if isinstance(value, _JSON_TYPES):
+            continue
+        if not isinstance(value, dict | list):
+            shown = repr(value) if len(repr(value)) < 40 else repr(value)[:37] + "..."
+            raise ConfigError(f"{source}: invalid YAML: {shown} is a {type(value).__name__}, not text, a number, "
+                              "a list or a mapping (quote it)")
+        if id(value) in on_path:
+            raise ConfigError(f"{source}: invalid YAML: an alias refers to a value that contains it")
+        on_path.add(id(value))
+        stack.append((value, True))
+        if isinstance(value, dict):
+            stack.extend((k, False) for k in value if not isinstance(k, _JSON_TYPES))
+            stack.extend((v, False) for v in value.values())
+        else:
+            stack.extend((v, False) for v in value)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text``; anything that is not a plain document becomes a one-line
+    ConfigError naming ``source``: a syntax error (with its line), a key given twice, a value
+    YAML cannot build (``!!int abc``, the date 2001-02-30), a document nested too deeply, or one
+    that is not plain data (see :func:`_check_plain`)."""
     import yaml
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
-    try:
-        return yaml.safe_load(text)
+        data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}:{where} invalid YAML: {problem}") from e
+        raise ConfigError(" ".join(f"{source}:{where} invalid YAML: {problem}".split())) from e
+    except RecursionError as e:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from e
+    except (ValueError, TypeError, OverflowError) as e:  # a constructor's own error: !!int abc, 2001-02-30
+        raise ConfigError(" ".join(f"{source}: invalid YAML: {e}".split())) from e
+    _check_plain(data, source)
+    return data
+
+
+def load_yaml_file(path: Path) -> Any:
+    """Parse a YAML file (:func:`parse_yaml`); a missing or unreadable file, one that is not
+    UTF-8 text, or one that is not a plain YAML document becomes a one-line ConfigError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: {e.reason} at byte {e.start}") from e
+    except ValueError as e:  # a NUL in the path
+        raise ConfigError(f"{path!r}: cannot read: {e}") from e
+    return parse_yaml(text, str(path))
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -58,8 +58,7 @@ def _root(
 
 
 def _parse_engine_arg(items: list[str]) -> dict[str, Any]:
-    import yaml
-
+    from spectune._util import parse_yaml
     from spectune.errors import ConfigError
 
     out: dict[str, Any] = {}
@@ -67,7 +66,7 @@ def _parse_engine_arg(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--engine-arg {item!r}: expected KEY=VALUE, e.g. enable-prefix-caching=true")
-        out[key] = yaml.safe_load(value) if value else True
+        out[key] = parse_yaml(value, f"--engine-arg {item!r}") if value else True
     return out
 
 
