@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from spectune.errors import ConfigError
 
@@ -133,10 +133,41 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def lone_surrogate(value: Any) -> str | None:
+    """Where a text in ``value`` (a string, or a list, tuple or dict of them) is no valid
+    Unicode, in words (``"[2]: a lone surrogate '\\udcff' at character 4"``); None when all are.
+    A lone surrogate comes from a JSON or YAML escape (``"\\ud800"``) or from command-line
+    bytes that are no UTF-8; it can be neither stored nor sent to an engine."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f": a lone surrogate {value[e.start]!r} at character {e.start}"
+        return None
+    if isinstance(value, dict):
+        items: Any = [(f".{k}", k) for k in value] + [(f".{k}", v) for k, v in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [(f"[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return None
+    for where, item in items:
+        if (why := lone_surrogate(item)) is not None:
+            return f"{where if isinstance(where, str) and where.isprintable() else ''}{why}"
+    return None
+
+
 class StrictModel(BaseModel):
-    """Base of every configuration model: unknown keys are errors, values are validated."""
+    """Base of every configuration model: unknown keys are errors, values are validated, and
+    every text is valid Unicode (:func:`lone_surrogate`)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _valid_unicode(self) -> Any:
+        for name, value in [*self.__dict__.items(), *(self.__pydantic_extra__ or {}).items()]:
+            if (why := lone_surrogate(value)) is not None:
+                raise ValueError(f"{name}{why}: not valid Unicode text")
+        return self
 
 
 def describe_validation_error(err: ValidationError, source: str | None = None) -> str:

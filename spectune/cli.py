@@ -448,6 +448,14 @@ def train_head(
         typer.echo(str(train(target, spec, out, training=training, force=force, progress=hook)))
 
 
+def _one_line(text: str) -> str:
+    """``text`` as one printable line: a line break or another control character (from a path,
+    a key, a value the message quotes) written as its escape, as is a lone surrogate (from
+    command-line bytes that are no UTF-8), which no terminal could be sent."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: spectune's errors become one line and an exit code.
 
@@ -473,7 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     except SpectuneError as e:
         if _state["debug"]:
             raise
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(_one_line(str(e)))}", soft_wrap=True)
         if isinstance(e, EngineError) and e.log_path:
             console.print(f"engine log: {escape(e.log_path)}", soft_wrap=True)
         sys.exit(e.exit_code)

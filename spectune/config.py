@@ -240,6 +240,10 @@ def parse_spec(text: str) -> SpecConfig:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--spec: not JSON and not 'none': {e.msg} at column {e.colno}") from e
+    except RecursionError as e:
+        raise ConfigError("--spec: not JSON and not 'none': nested too deeply") from e
+    except ValueError as e:  # a number of more than 4300 digits
+        raise ConfigError(f"--spec: not JSON and not 'none': {str(e).split(':')[0]}") from e
     if not isinstance(data, dict):
         raise ConfigError("--spec: expected a JSON object such as {\"method\": \"ngram\", ...}")
     if "method" not in data and data.get("model"):

@@ -13,7 +13,9 @@ Formats:
   up to its last user turn as chat messages. Conversations without a usable user turn (real
   ShareGPT dumps hold empty ones) are skipped and counted in the log; malformed ones are errors.
 
-Files ending in ``.gz`` are read through gzip. Ids are stable: ``id``, ``task_id`` or
+Files ending in ``.gz`` are read through gzip, every file as UTF-8 (a byte-order mark is
+skipped). Every error is one line naming the file; text that could not be sent (a lone
+surrogate written as a JSON escape) is an error too. Ids are stable: ``id``, ``task_id`` or
 ``question_id`` when the record has one, else the line number (JSONL) or the 0-based record
 index (JSON).
 """
@@ -25,6 +27,7 @@ import gzip
 import json
 import logging
 import random
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -66,12 +69,13 @@ _ID_KEYS = ("id", "task_id", "question_id")
 
 @contextlib.contextmanager
 def _open_text(path: Path) -> Iterator[IO[str]]:
-    """``path`` opened as UTF-8 text (through gzip for ``.gz``); errors become ConfigError."""
+    """``path`` opened as UTF-8 text (through gzip for ``.gz``; a byte-order mark skipped);
+    errors become ConfigError."""
     try:
         if path.name.endswith(".gz"):
-            f: IO[str] = gzip.open(path, "rt", encoding="utf-8")
+            f: IO[str] = gzip.open(path, "rt", encoding="utf-8-sig")
         else:
-            f = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+            f = open(path, encoding="utf-8-sig")  # noqa: SIM115 - closed below
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from e
     try:
@@ -79,8 +83,17 @@ def _open_text(path: Path) -> Iterator[IO[str]]:
             yield f
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text: {e.reason}") from e
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError; a corrupt stream a zlib.error
         raise ConfigError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from e
+
+
+def _json_problem(e: ValueError | RecursionError) -> str:
+    """Why JSON text could not be read, in a few words."""
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).split(":")[0]  # int("1" * 5000): "Exceeds the limit (4300 digits) for integer string conversion"
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
@@ -90,9 +103,10 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield n, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n}: invalid JSON: {e.msg}") from e
+                record = json.loads(line)
+            except (ValueError, RecursionError) as e:  # not UnicodeDecodeError: reading the line raises that
+                raise ConfigError(f"{path}:{n}: invalid JSON: {_json_problem(e)}") from e
+            yield n, record
 
 
 def _record_id(record: dict[str, Any], fallback: int) -> str:
@@ -113,6 +127,15 @@ def _nonempty_str(value: Any, key: str, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{where}: {key!r} must be a non-empty string")
     return value
+
+
+def _prompt(where: str, **fields: Any) -> Prompt:
+    """A Prompt of ``fields``; one that is invalid (a text that is no valid Unicode: a lone
+    surrogate from a JSON escape such as ``"\\ud800"``) is a ConfigError naming ``where``."""
+    try:
+        return Prompt(**fields)
+    except ValidationError as e:
+        raise ConfigError(describe_validation_error(e, where)) from e
 
 
 def _no_prompts(path: Path, prompts: list[Prompt]) -> list[Prompt]:
@@ -172,7 +195,7 @@ def load_custom(path: Path) -> list[Prompt]:
         out = rec.get("output_tokens")
         if out is not None and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
             raise ConfigError(f"{where}: 'output_tokens' must be a positive integer, got {out!r}")
-        prompts.append(Prompt(id=_record_id(rec, n), text=text, max_tokens=out))
+        prompts.append(_prompt(where, id=_record_id(rec, n), text=text, max_tokens=out))
     return _no_prompts(path, prompts)
 
 
@@ -192,9 +215,8 @@ def load_spec_bench(path: Path) -> list[Prompt]:
             raise ConfigError(f"{where}: a record needs 'turns', a non-empty list of strings")
         text = _nonempty_str(turns[0], "turns[0]", where)
         category = rec.get("category")
-        prompts.append(Prompt(
-            id=_record_id(rec, n), text=text, category=str(category) if category is not None else None,
-        ))
+        prompts.append(_prompt(where, id=_record_id(rec, n), text=text,
+                               category=str(category) if category is not None else None))
     return _no_prompts(path, prompts)
 
 
@@ -229,6 +251,10 @@ def load_sharegpt(path: Path, mode: SharegptMode = "first_turn") -> list[Prompt]
             data = json.load(f)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+        except UnicodeDecodeError:
+            raise  # reading the file: _open_text says so
+        except (ValueError, RecursionError) as e:
+            raise ConfigError(f"{path}: invalid JSON: {_json_problem(e)}") from e
     if not isinstance(data, list):
         raise ConfigError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
     prompts: list[Prompt] = []
@@ -249,8 +275,14 @@ def load_sharegpt(path: Path, mode: SharegptMode = "first_turn") -> list[Prompt]
                 raise ConfigError(f"{where}: turn {j}: unknown speaker {turn['from']!r}; known: {known}")
             if not isinstance(turn["value"], str):
                 raise ConfigError(f"{where}: turn {j}: 'value' must be a string")
-            messages.append(ChatMessage(role=role, content=turn["value"]))
-        prompt = _sharegpt_prompt(messages, mode, _record_id(rec, i))
+            try:
+                messages.append(ChatMessage(role=role, content=turn["value"]))
+            except ValidationError as e:
+                raise ConfigError(describe_validation_error(e, f"{where}: turn {j}")) from e
+        try:
+            prompt = _sharegpt_prompt(messages, mode, _record_id(rec, i))
+        except ValidationError as e:
+            raise ConfigError(describe_validation_error(e, where)) from e
         if prompt is None:
             skipped += 1
         else:
@@ -283,7 +315,7 @@ def _format_of_record(path: Path) -> FileFormat:
         return "custom"
     if "prompt" in rec or "messages" in rec:
         return "jsonl"
-    keys = ", ".join(sorted(map(str, rec))) or "none"
+    keys = ", ".join(k if k.isprintable() else repr(k) for k in sorted(map(str, rec)))[:200] or "none"
     raise ConfigError(
         f"{path}:{n}: cannot tell the format from the first record (keys: {keys}); "
         "expected 'prompt', 'messages' or 'turns', or set format"
