@@ -152,7 +152,7 @@ def optimize(
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune.storage import resolve_storage_url, safe_url, worker_claim
-    from spectune.study import create_study, load_study_config
+    from spectune.study import create_study, load_study_config, plan_study
     from spectune.worker import parse_gpus
 
     cfg = load_study_config(config, {
@@ -163,8 +163,9 @@ def optimize(
         "tolerance": tolerance, "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,
     })
     slots = parse_gpus(gpus)
+    plan = plan_study(cfg)  # every check of the input before the storage is claimed: nothing written on exit 2
     with worker_claim(resolve_storage_url(cfg.storage)):  # a second process on SQLite writes nothing
-        ctx = create_study(cfg)
+        ctx = create_study(cfg, plan)
         if create_only:
             typer.echo(f"created study {ctx.study.study_name} in {safe_url(ctx.url)}: {cfg.trials} trials; "
                        f"spectune worker --storage URL --study {ctx.study.study_name} measures it")
@@ -184,7 +185,7 @@ def worker(
     from spectune.worker import parse_gpus
 
     slots = parse_gpus(gpus)
-    with worker_claim(resolve_storage_url(storage)):
+    with worker_claim(resolve_storage_url(storage, create=False)):  # joins a study: the storage exists
         _work(join_study(storage, study), slots)
 
 

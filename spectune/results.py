@@ -459,10 +459,11 @@ def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
 
 
 def open_study(storage: str | None, study_name: str | None) -> StudyView:
-    """Open an existing study for reading; with no name, the only (or newest) study there."""
+    """Open an existing study for reading; with no name, the only (or newest) study there.
+    Writes nothing: a SQLite file that does not exist is refused (StorageError)."""
     import optuna
 
-    url = resolve_storage_url(storage)
+    url = resolve_storage_url(storage, create=False)
     rdb = open_optuna_storage(url)
     store = MeasurementStore(url)  # refuses a database of a newer spectune first
     names = [s.study_name for s in optuna.get_all_study_summaries(rdb, include_best_trial=False)]

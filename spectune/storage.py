@@ -88,16 +88,27 @@ trials_table = sa.Table(
 )
 
 
-def resolve_storage_url(url: str | None = None) -> str:
+def resolve_storage_url(url: str | None = None, *, create: bool = True) -> str:
     """The storage URL to use: the argument, else ``$SPECTUNE_STORAGE``, else SQLite under storage/.
 
-    A plain file path (``my.db``) means SQLite. The folder of a SQLite file is created.
+    A plain file path (``my.db``) means SQLite. The folder of a SQLite file is created, unless
+    ``create`` is False (a command that reads studies): then nothing is written, and a SQLite
+    file that does not exist is refused.
+
+    Raises:
+        StorageError: a SQLite path that is a folder or a file other than a SQLite database, a
+            folder that cannot be created, or (``create=False``) no such file.
     """
     url = url or os.environ.get("SPECTUNE_STORAGE") or DEFAULT_STORAGE
     if "://" not in url:
         url = f"sqlite:///{url}"
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        folder = Path(url.removeprefix("sqlite:///")).expanduser().parent
+        path = _sqlite_path(url)
+        if not create:
+            if not path.exists():
+                raise StorageError(f"no study in {safe_url(url)}: no such file")
+            return url
+        folder = path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -114,6 +125,30 @@ def safe_url(url: str) -> str:
         return sa.engine.make_url(url).render_as_string(hide_password=True)
     except (sa.exc.ArgumentError, ValueError):
         return re.sub(r"(://[^/@:]*):[^/@]*@", r"\1:***@", url)
+
+
+def _sqlite_path(url: str) -> Path:
+    """The file of a ``sqlite:///`` URL, checked to be a SQLite database where it exists.
+
+    Raises:
+        StorageError: the path is a folder, unreadable, or a file of another kind.
+    """
+    try:
+        database = sa.engine.make_url(url).database or ""
+    except (sa.exc.ArgumentError, ValueError):
+        database = url.removeprefix("sqlite:///").split("?", 1)[0]
+    path = Path(database).expanduser()
+    try:
+        if path.is_dir():
+            raise StorageError(f"storage {safe_url(url)} cannot be used: {path} is a folder")
+        if path.exists():
+            with path.open("rb") as f:
+                head = f.read(16)
+            if head and head != b"SQLite format 3\x00":
+                raise StorageError(f"storage {safe_url(url)} cannot be used: {path} is not a SQLite database")
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise StorageError(f"storage {safe_url(url)} cannot be used: {getattr(e, 'strerror', None) or e}") from e
+    return path
 
 
 def _describe(url: str, err: Exception) -> str:

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from spectune.measurement import Measurement
     from spectune.space import SearchSpace
 
-__all__ = ["StudyConfig", "StudyContext", "StudyEvent", "StudyResult", "create_study", "join_study",
-           "load_study_config", "study_names"]
+__all__ = ["StudyConfig", "StudyContext", "StudyEvent", "StudyPlan", "StudyResult", "create_study", "join_study",
+           "load_study_config", "plan_study", "study_names"]
 
 _logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class StudyConfig(StrictModel):
     trials: int = Field(default=10, ge=1)
     storage: str | None = None
     study_name: str | None = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seed of Optuna's samplers (numpy's range).")
     sampler: Literal["guided", "tpe", "random", "grid"] = Field(
         default="guided",
         description="guided: after the baseline, measure what the acceptance and cost models rank most "
@@ -262,10 +262,32 @@ PLACEMENT_ENV = ("CUDA_VISIBLE_DEVICES",)
 identity, so that workers on other GPUs and hosts share the study."""
 
 
-def _open(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> StudyContext:
-    """Validate what the trials need, then open the storage and the study (created if new)."""
-    import optuna
+@dataclass(frozen=True)
+class StudyPlan:
+    """What a study's configuration resolves to, checked, before anything is written: its space
+    with the drafts filled, the engine arguments of its trials and its prompts."""
 
+    space: SearchSpace
+    engine: EngineArgs
+    prompts: list[Prompt]
+
+
+def plan_study(config: StudyConfig) -> StudyPlan:
+    """Resolve and check everything :func:`create_study` needs from ``config`` (the space, the
+    prompts, the engine, each proposer's pairing with the target) without touching the storage.
+
+    Raises:
+        ConfigError: anything :func:`create_study` would refuse before writing.
+    """
+    from spectune.workloads import load_prompts
+
+    space = resolved_space(config)
+    prompts = load_prompts(config.workload)
+    return StudyPlan(space, _checked_engine(config, space, prompts), prompts)
+
+
+def _checked_engine(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> EngineArgs:
+    """The trials' engine arguments, once what the trials need is checked (ConfigError)."""
     from spectune.pairing import check_pairing
     from spectune.trial import plan_windows
 
@@ -278,6 +300,15 @@ def _open(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> Stu
     if Method.NONE not in space.methods:
         raise ConfigError(f"{space.source or config.space}: methods: the space needs 'none' (the baseline)")
     plan_windows(prompts, config.workload, config.repeats)  # a sweep's levels each get enough prompts
+    return engine
+
+
+def _open(config: StudyConfig, space: SearchSpace, prompts: list[Prompt], engine: EngineArgs | None = None) -> StudyContext:
+    """Validate what the trials need (unless ``engine`` says it was), then open the storage and
+    the study (created if new)."""
+    import optuna
+
+    engine = engine if engine is not None else _checked_engine(config, space, prompts)
     url = resolve_storage_url(config.storage)
     storage = open_optuna_storage(url, heartbeat_interval=config.heartbeat_interval, grace_period=config.grace_period)
     store = MeasurementStore(url)
@@ -304,19 +335,19 @@ def resolved_space(config: StudyConfig) -> SearchSpace:
     return route_drafts(load_space(config.space).resolve(config.target, draft=drafts), drafts)
 
 
-def create_study(config: StudyConfig) -> StudyContext:
+def create_study(config: StudyConfig, plan: StudyPlan | None = None) -> StudyContext:
     """Create the study ``config`` describes, or open it to resume: everything a worker on any
     machine needs to join it is stored with it (its configuration, resolved space and prompts).
+    ``plan``: :func:`plan_study`'s for ``config``, where the caller checked it first.
 
     Raises ConfigError / StorageError for bad input before anything is written: a resumed
     study must keep its target, workload and engine (:data:`RESUME_KEYS`).
     """
     import optuna
 
-    from spectune.workloads import load_prompts
-
-    space = resolved_space(config)
-    ctx = _open(config, space, load_prompts(config.workload))
+    plan = plan if plan is not None else plan_study(config)
+    space = plan.space
+    ctx = _open(config, space, plan.prompts, plan.engine)
     study, name = ctx.study, ctx.study.study_name
     with study_lock(ctx.url, name):  # two workers creating one study at once write it once
         record = StudyRecord.of(study)
@@ -354,7 +385,7 @@ def join_study(storage: str | None, study_name: str) -> StudyContext:
     from spectune.config import Prompt
     from spectune.space import SearchSpace
 
-    url = resolve_storage_url(storage)
+    url = resolve_storage_url(storage, create=False)
     names = study_names(url)
     if study_name not in names:
         raise ConfigError(f"no study named {study_name!r} in {safe_url(url)} (studies: {', '.join(names) or 'none'})")
@@ -370,10 +401,11 @@ def join_study(storage: str | None, study_name: str) -> StudyContext:
 
 
 def study_names(url: str) -> list[str]:
-    """The studies in the storage at ``url``, oldest first."""
+    """The studies in the storage at ``url``, oldest first (their names alone: a summary would
+    read every trial of every study)."""
     import optuna
 
-    return [s.study_name for s in optuna.get_all_study_summaries(open_optuna_storage(url), include_best_trial=False)]
+    return optuna.get_all_study_names(open_optuna_storage(url))
 
 
 
