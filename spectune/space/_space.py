@@ -74,8 +74,8 @@ class SearchSpace(StrictModel):
     def _knobs_from_engine(cls, data: Any) -> Any:
         """``engine:`` entries of :data:`ENGINE_KNOBS` given as a list or a range are tuned; one
         value (a scalar, or a list of one) stays fixed."""
-        if not isinstance(data, Mapping):
-            return data
+        if not isinstance(data, Mapping) or not isinstance(data.get("engine_knobs") or {}, Mapping):
+            return data  # the fields' own validation says what is wrong
         engine = data.get("engine") if isinstance(data.get("engine"), Mapping) else {}
         fixed, knobs = dict(engine), dict(data.get("engine_knobs") or {})
         for name, value in engine.items():
