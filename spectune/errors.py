@@ -10,6 +10,8 @@ so that the CLI can turn them into one line and an exit code.
   Carries the engine's own reason (the last lines of its log). CLI exit code 1; inside a study
   it makes the trial FAIL and the study goes on.
 - :class:`StorageError`: the study storage cannot be reached or used. CLI exit code 2.
+  :class:`StorageUnreachableError`: a running worker's storage stayed unreachable past its
+  ``storage_outage_limit`` (:class:`spectune.storage.StorageGuard`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ __all__ = [
     "EngineTimeoutError",
     "SpectuneError",
     "StorageError",
+    "StorageUnreachableError",
 ]
 
 
@@ -41,6 +44,11 @@ class StorageError(SpectuneError):
     """The study storage cannot be reached or is not usable."""
 
     exit_code = 2
+
+
+class StorageUnreachableError(StorageError):
+    """A worker's storage stayed unreachable (down, or a SQLite file locked) past the worker's
+    limit; the worker stops its engines and exits. Its message is one line naming the storage."""
 
 
 class EngineError(SpectuneError):
