@@ -37,6 +37,9 @@ _state: dict[str, Any] = {"debug": False}
 
 STORAGE_HELP = ("Storage URL: sqlite:///FILE, or postgresql+psycopg://USER@HOST/DB for workers on several "
                 "machines. Default: $SPECTUNE_STORAGE, else sqlite:///storage/spectune.db in the current directory.")
+OUTAGE_HELP = ("How long a worker waits for an unreachable storage (seconds, or 90s, 10m) before it stops its "
+               "engines and exits (code 2); meanwhile it starts no engine and keeps a finished measurement. "
+               "Default: the study's storage_outage_limit (10m).")
 
 
 def _err_console() -> Console:
@@ -149,6 +152,7 @@ def optimize(
     min_kv_cache_tokens: Annotated[Optional[int], typer.Option(min=1, help="A configuration whose KV cache holds fewer tokens is infeasible.")] = None,
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair).")] = None,
     create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
+    storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune.storage import resolve_storage_url, safe_url, worker_claim
@@ -161,6 +165,7 @@ def optimize(
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
         "tolerance": tolerance, "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,
+        "storage_outage_limit": storage_outage_limit,
     })
     slots = parse_gpus(gpus)
     plan = plan_study(cfg)  # every check of the input before the storage is claimed: nothing written on exit 2
@@ -178,6 +183,7 @@ def worker(
     study: Annotated[str, typer.Option(help="Name of the study to work on (created by optimize).")],
     storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 or 0-1,2-3.")] = None,
+    storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
 ) -> None:
     """Join a study from this machine and measure its trials until it needs no more."""
     from spectune.storage import resolve_storage_url, worker_claim
@@ -185,8 +191,28 @@ def worker(
     from spectune.worker import parse_gpus
 
     slots = parse_gpus(gpus)
+    limit = _outage_limit(storage_outage_limit)
     with worker_claim(resolve_storage_url(storage, create=False)):  # joins a study: the storage exists
-        _work(join_study(storage, study), slots)
+        ctx = join_study(storage, study)
+        if limit is not None:  # this worker's own, over the study's
+            ctx.config = ctx.config.model_copy(update={"storage_outage_limit": limit})
+        _work(ctx, slots)
+
+
+def _outage_limit(text: str | None) -> float | None:
+    """Seconds of ``--storage-outage-limit`` (ConfigError: not a positive duration)."""
+    from spectune.errors import ConfigError
+    from spectune.study import parse_duration
+
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except ValueError as e:
+        raise ConfigError(f"--storage-outage-limit: {e}") from None
+    if seconds <= 0:
+        raise ConfigError("--storage-outage-limit: give a duration longer than 0 (10m)")
+    return seconds
 
 
 def _work(ctx: StudyContext, slots: list[Slot]) -> None:

@@ -38,6 +38,7 @@ from spectune.errors import ConfigError
 from spectune.measurement import SLO, Objective
 from spectune.records import StudyRecord, write_study_fields
 from spectune.storage import (
+    DEFAULT_OUTAGE_LIMIT,
     MeasurementStore,
     open_optuna_storage,
     resolve_storage_url,
@@ -122,8 +123,13 @@ class StudyConfig(StrictModel):
     log_dir: Path = Path("storage/logs")
     heartbeat_interval: int = Field(default=30, ge=1, description="Seconds between a worker's heartbeats.")
     grace_period: int = Field(default=120, ge=2, description="A RUNNING trial silent this long is stale.")
+    storage_outage_limit: float = Field(
+        default=DEFAULT_OUTAGE_LIMIT, gt=0,
+        description="How long a worker waits for an unreachable storage (seconds, or 90s, 10m): meanwhile it "
+        "keeps a finished measurement and starts no engine; past it, it stops its engines and exits (code 2). "
+        "Each worker's own (spectune worker --storage-outage-limit).")
 
-    @field_validator("time_budget", mode="before")
+    @field_validator("time_budget", "storage_outage_limit", mode="before")
     @classmethod
     def _duration(cls, v: Any) -> Any:
         return parse_duration(v) if isinstance(v, str) else v
