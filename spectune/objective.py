@@ -3,23 +3,27 @@ one), its figures as trial attributes and its Measurement in spectune's table.
 
 A failed engine is data: the trial's ``fail_reason`` and the table say why, and
 :class:`~spectune.errors.EngineError` is raised for the worker to tell Optuna FAIL. Ctrl-C or a
-polite stop (SIGTERM) marks the trial ``interrupted`` (measured again later) and lets
-KeyboardInterrupt through; a polite stop lands only while the engine runs, never while the
-result is recorded.
+polite stop (SIGTERM) goes through as KeyboardInterrupt, for the worker to mark the trial
+``interrupted`` (measured again later); a polite stop lands only while the engine runs, never
+while the result is recorded.
+
+Every storage call goes through the worker's :class:`~spectune.storage.StorageGuard`: a trial
+starts its engine only once the storage has answered, and a measurement finished while the
+storage is unreachable is kept in memory and written when it answers again.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from spectune._util import STOPS
 from spectune.errors import EngineError
 from spectune.measurement import relative_noise, spec_key, speedup
-from spectune.records import INTERRUPTED, TrialRecord, write_fields, write_study_fields
-from spectune.storage import MeasurementStore
+from spectune.records import TrialRecord, write_fields, write_study_fields
+from spectune.storage import MeasurementStore, StorageGuard
 from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs
 
 if TYPE_CHECKING:
@@ -58,7 +62,8 @@ class TrialFunction:
 
     Thread-safe: the workers of one process (one per GPU group) share it; each call runs its own
     engine. ``measure`` is :func:`spectune.trial.measure` or a stand-in with its arguments (a
-    recorded landscape's :meth:`~spectune.landscape.Landscape.measurer`).
+    recorded landscape's :meth:`~spectune.landscape.Landscape.measurer`). ``guard``: the worker's
+    (default: one of the study's ``storage_outage_limit``).
     """
 
     config: StudyConfig
@@ -70,15 +75,25 @@ class TrialFunction:
     measure: Callable[..., Measurement]
     hook: StudyHook
     trial_progress: Callable[[str], TrialHook | None] | None = None
+    guard: StorageGuard = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self.counts = {"measured": 0, "failed": 0, "reused": 0}
+        if self.guard is None:
+            self.guard = StorageGuard(self.store.url, self.config.storage_outage_limit)
 
     def __call__(self, trial: optuna.Trial, spec: SpecConfig, progress: tuple[int, int],
                  engine: EngineArgs | None = None) -> list[float]:
         """Measure ``trial`` (its candidate ``spec``, already set as its attributes), numbered
         ``progress`` = (number, of) for the progress hook, on ``engine`` (the study's engine
-        arguments placed on a GPU group; default: the study's). The objective values."""
+        arguments placed on a GPU group; default: the study's). The objective values.
+
+        Raises:
+            EngineError: the engine failed (recorded).
+            StorageUnreachableError: the storage stayed unreachable past the guard's limit.
+            optuna.exceptions.UpdateFinishedTrialError: the trial was finished meanwhile by another
+                worker (failed as stale): nothing was recorded.
+        """
         number, of = progress
         rec = TrialRecord.of(trial)
         name = rec.config or spec.label()  # with the engine knobs' values where the space tunes some
@@ -88,7 +103,9 @@ class TrialFunction:
             return self._reuse(trial, name, rec.duplicate_of, progress)
         phase_hook = self.trial_progress(name) if self.trial_progress else None
         key = rec.spec_key or spec_key(spec.to_vllm())
-        tid = trial_id(self.storage, self.study.study_name, trial.number)
+        # the storage answers before an engine starts (a stop may land while it does not)
+        tid = self.guard.call(f"starting trial {trial.number}",
+                              lambda: trial_id(self.storage, self.study.study_name, trial.number), stoppable=True)
         cfg = self.config
         try:
             with STOPS.waiting():  # a polite stop lands here, never while the result is recorded
@@ -98,21 +115,26 @@ class TrialFunction:
             values = [o.of(m) for o in cfg.objectives]
         except EngineError as e:
             self.counts["failed"] += 1
-            write_fields(trial, fail_reason=str(e))
-            self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
-                              spec_key=key, error=str(e))
+
+            def record_failure() -> None:
+                write_fields(trial, fail_reason=str(e))
+                self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
+                                  spec_key=key, error=str(e))
+
+            self.guard.call(f"recording trial {trial.number}'s failure", record_failure)
             self._end(number, of, name, "FAIL", None, str(e), trial=trial.number)
             raise
-        except KeyboardInterrupt:
-            write_fields(trial, fail_reason=INTERRUPTED)
-            raise
         self.counts["measured"] += 1
-        self._record(trial, rec, tid, spec, m, values)
+        # kept here until written: tried again while the storage is unreachable
+        self.guard.call(f"recording trial {trial.number}'s measurement",
+                        lambda: self._record(trial, rec, tid, spec, m, values))
         self._end(number, of, name, "COMPLETE", values, None, finishing=(trial.number, values), trial=trial.number)
         return values
 
     def _record(self, trial: optuna.Trial, rec: TrialRecord, tid: int, spec: SpecConfig, m: Measurement,
                 values: list[float]) -> None:
+        """Write the measurement: the trial's attributes and constraints, spectune's row. Each
+        write replaces, so that a second run after a failed one leaves what one run would."""
         primary = self.config.objectives[0]
         base = values[0] if spec.is_baseline and rec.confirms is None else self._baseline_value()
         constraints = self.config.slo.violations(m)
@@ -133,13 +155,17 @@ class TrialFunction:
         runs on another worker), no engine started."""
         previous = self._wait_finished(dup)
         before = TrialRecord.of(previous)
-        before.model_copy(update={"role": None, "retry_of": None, "duplicate_of": None, "placement": None}).write(trial)
-        for slo_name, value in (before.constraints or {}).items():
-            trial.set_constraint(slo_name, value)
+
+        def copy() -> None:
+            before.model_copy(update={"role": None, "retry_of": None, "duplicate_of": None, "placement": None}).write(trial)
+            for slo_name, value in (before.constraints or {}).items():
+                trial.set_constraint(slo_name, value)
+
+        self.guard.call(f"recording trial {trial.number}", copy)
         self.counts["reused"] += 1
         if previous.state.name != "COMPLETE":
             reason = f"same candidate as trial {previous.number}: {before.fail_reason or 'failed'}"
-            write_fields(trial, fail_reason=reason)
+            self.guard.call(f"recording trial {trial.number}", lambda: write_fields(trial, fail_reason=reason))
             self._end(*progress, name, "FAIL", None, reason, trial=trial.number)
             raise EngineError(reason)
         values = list(previous.values)
@@ -148,7 +174,8 @@ class TrialFunction:
 
     def _wait_finished(self, number: int, poll: float = 2.0) -> optuna.trial.FrozenTrial:
         while True:
-            t = self.study.get_trials(deepcopy=False)[number]
+            t = self.guard.call(f"waiting for trial {number}",
+                                lambda: self.study.get_trials(deepcopy=False)[number], stoppable=True)
             if t.state.is_finished():
                 return t
             with STOPS.waiting():
@@ -163,7 +190,7 @@ class TrialFunction:
 
     def _end(self, number: int, of: int, name: str, state: str, values: list[float] | None,
              reason: str | None, finishing: tuple[int, list[float]] | None = None, *, trial: int | None = None) -> None:
-        label, gain = self.best_so_far(finishing)
+        label, gain = self.guard.call("reading the best so far", lambda: self.best_so_far(finishing))
         self.hook(StudyEvent("trial_end", number, of, name, state=state, values=values, reason=reason,
                              best_label=label, best_speedup=gain, trial=trial))
 

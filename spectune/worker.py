@@ -15,6 +15,22 @@ A worker told to stop politely (SIGTERM, as Kubernetes evicts a pod; Ctrl-C) sto
 and hands their trials back at once: each is told FAIL as ``interrupted``, which the search
 measures again first, on whichever worker asks next. A stop lands only where a worker waits
 (:data:`spectune._util.STOPS`), never while it creates, records or tells a trial.
+
+Every storage call of a worker goes through one :class:`spectune.storage.StorageGuard`. While
+the storage is unreachable (PostgreSQL down or restarting, a SQLite file locked by another
+process) the worker waits and tries again: it claims no trial and so starts no engine, an engine
+already measuring goes on, and a measurement finished meanwhile is kept in memory and written
+when the storage answers. Its heartbeat thread notes the failed beats and goes on. Once the
+outage has lasted the study's ``storage_outage_limit`` (10 minutes by default), the worker stops
+its engines and raises :class:`~spectune.errors.StorageUnreachableError` (one line naming the
+storage); its unrecorded trials stay RUNNING and, after the grace period, are measured again.
+
+An outage of the database stops every worker's heartbeat at once. A worker that has just seen
+the storage come back therefore judges no trial stale until it has answered for two heartbeat
+intervals, time enough for every live worker to beat again: an outage longer than the grace
+period does not make live workers' trials stale. A worker cut off from a storage that others
+still reach (a network partition) for longer than the grace period has its trial failed and
+measured again elsewhere; its own measurement, when it comes, is dropped with a warning.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from spectune._util import STOPS, Stopped, every
 from spectune.config import candidate_label
-from spectune.errors import ConfigError, EngineError
+from spectune.errors import ConfigError, EngineError, StorageUnreachableError
 from spectune.measurement import candidate_key
 from spectune.objective import TrialFunction, trial_id
 from spectune.records import (
@@ -55,7 +71,7 @@ from spectune.search import (
     Wait,
     snapshots,
 )
-from spectune.storage import resolve_storage_url, study_lock, worker_claim
+from spectune.storage import StorageGuard, resolve_storage_url, study_lock, worker_claim
 from spectune.study import (
     StudyConfig,
     StudyContext,
@@ -83,6 +99,10 @@ GPU_ENV = "CUDA_VISIBLE_DEVICES"
 
 POLL_SECONDS = 5
 """How often a waiting worker looks at the study again (at most the heartbeat interval)."""
+
+HOLD_OFF_BEATS = 2
+"""After an outage, a worker judges no trial stale until the storage has answered for this many
+heartbeat intervals: every live worker has beaten again by then."""
 
 
 @dataclass(frozen=True)
@@ -155,19 +175,30 @@ def _check_placement(ctx: StudyContext, slots: list[Slot]) -> None:
 
 
 @contextlib.contextmanager
-def _heartbeat(ctx: StudyContext, number: int) -> Iterator[None]:
-    """Record the trial's heartbeat every ``heartbeat_interval`` seconds while it runs."""
+def _heartbeat(ctx: StudyContext, number: int, guard: StorageGuard) -> Iterator[None]:
+    """Record the trial's heartbeat every ``heartbeat_interval`` seconds while it runs. A beat
+    the storage does not take is noted by ``guard`` and the trial goes on; once the guard has
+    given up, the beat stops this thread where it waits (its engine): the worker stops."""
     interval = ctx.storage.get_heartbeat_interval()
     if interval is None:
         yield
         return
-    tid = trial_id(ctx.storage, ctx.study.study_name, number)
+    tid = guard.call(f"starting trial {number}", lambda: trial_id(ctx.storage, ctx.study.study_name, number),
+                     stoppable=True)
+    owner = threading.get_ident()
+    stopping: list[bool] = []
 
     def beat() -> None:
         try:
             ctx.storage.record_heartbeat(tid)
         except Exception as e:
-            _logger.warning("heartbeat of trial %d not recorded: %s", number, e)
+            if not guard.failed(e):
+                _logger.warning("heartbeat of trial %d not recorded: %s", number, e)
+        else:
+            guard.succeeded()
+        if not stopping and guard.expired(f"measuring trial {number}") is not None:
+            stopping.append(True)
+            STOPS.stop_thread(owner)
 
     with every(interval, beat, f"spectune-heartbeat-{number}"):
         yield
@@ -186,65 +217,120 @@ class _Worker:
     """The loop of one worker process: each slot asks, claims, measures and tells."""
 
     def __init__(self, ctx: StudyContext, strategy: SearchStrategy, run: TrialFunction, slots: list[Slot],
-                 poll: float | None) -> None:
+                 poll: float | None, guard: StorageGuard) -> None:
         self.ctx = ctx
         self.strategy = strategy
         self.run = run
         self.slots = slots
         self.poll = poll if poll is not None else float(min(POLL_SECONDS, ctx.config.heartbeat_interval))
+        self.guard = guard
+        self.hold_off = HOLD_OFF_BEATS * ctx.config.heartbeat_interval
         self.host = socket.gethostname()
         self.handed_back: list[int] = []
         """Trials told FAIL as interrupted by a polite stop, for another worker to measure."""
 
-    def fail_stale(self) -> None:
-        """Fail the RUNNING trials whose heartbeat stopped (Optuna queues each again), under the
-        study's lock like every change to the queue."""
+    def _fail_stale(self) -> None:
+        """Fail the RUNNING trials whose heartbeat stopped (Optuna queues each again), unless the
+        storage came back from an outage too recently for every live worker to have beaten."""
         import optuna
 
-        with study_lock(self.ctx.url, self.ctx.study.study_name), warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(self.ctx.study)
+        if not self.guard.settled(self.hold_off):
+            _logger.info("no trial judged stale yet: the storage is back from an outage")
+            return
+        optuna.storages.fail_stale_trials(self.ctx.study)
+
+    def fail_stale(self) -> None:
+        """:meth:`_fail_stale` under the study's lock, like every change to the queue."""
+        import optuna
+
+        def attempt() -> None:
+            with study_lock(self.ctx.url, self.ctx.study.study_name), warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                self._fail_stale()
+
+        self.guard.call("looking for stale trials", attempt, stoppable=True)
 
     def claim(self, slot: Slot) -> _Claim | Wait | Stop:
         """Under the study's lock: fail stale trials, then take a waiting trial or the search's
-        decision, and start it (RUNNING) with its candidate and placement as attributes."""
+        decision, and start it (RUNNING) with its candidate and placement as attributes.
+
+        Tried again while the storage is unreachable (:attr:`guard`), so that it may run more
+        than once: a trial it asked for before it was cut off is taken up again, where no other
+        worker has taken it meanwhile; a trial whose claim was cut off (RUNNING, without a
+        placement) is taken up by the next claim."""
         import optuna
 
         study = self.ctx.study
-        with study_lock(self.ctx.url, study.study_name), warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
-            optuna.storages.fail_stale_trials(study)
-            trials = snapshots(study)
-            progress = None
-            if not any(t.state == "WAITING" for t in trials):
-                decision = self.strategy.decide(study)
-                if not isinstance(decision, Run):
-                    return decision
-                _logger.info("next trial: %s", decision.why)
-                if decision.params is not None:
-                    study.enqueue_trial(decision.params, user_attrs=decision.record.attrs())
-                progress = decision.progress
-            trial = study.ask()  # the oldest waiting trial: the one just enqueued, or a retried one
-            spec = self.ctx.space.suggest(trial)
-            knobs = self.ctx.space.suggest_engine(trial)  # the study's sampler draws those not enqueued
-            key = candidate_key(spec.to_vllm(), knobs)
-            rec = TrialRecord.of(trial)
-            earlier = None if rec.measured_again else _same_candidate(trials, key, trial.number)
-            write_fields(trial, record_version=RECORD_VERSION, config=candidate_label(spec, knobs),
-                         spec=spec.to_vllm() or {"method": "none"}, spec_key=key, engine=knobs or None,
-                         placement=Placement(host=self.host, gpus=slot.label, pid=os.getpid()),
-                         duplicate_of=earlier)  # a duplicate is answered from the earlier trial
-            return _Claim(trial, spec, knobs, progress or _progress_of(trials, rec, self.ctx.config.trials))
+        mine: list[optuna.Trial] = []  # the trial this claim started, across its tries
+        progress: list[tuple[int, int] | None] = [None]
+        placement = Placement(host=self.host, gpus=slot.label, pid=os.getpid())
+
+        def attempt() -> _Claim | Wait | Stop:
+            with study_lock(self.ctx.url, study.study_name), warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed")
+                self._fail_stale()
+                trials = snapshots(study)
+                if mine and not _still_mine(study, mine[0], placement):
+                    mine.clear()
+                if not mine:
+                    trial = _cut_off_claim(study)
+                    if trial is None:
+                        if not any(t.state == "WAITING" for t in trials):
+                            decision = self.strategy.decide(study)
+                            if not isinstance(decision, Run):
+                                return decision
+                            _logger.info("next trial: %s", decision.why)
+                            if decision.params is not None:
+                                study.enqueue_trial(decision.params, user_attrs=decision.record.attrs())
+                            progress[0] = decision.progress
+                        trial = study.ask()  # the oldest waiting trial: the one just enqueued, or a retried one
+                    else:
+                        _logger.info("trial %d: its claim was cut off; taken up", trial.number)
+                    mine.append(trial)
+                    # a heartbeat at once: should this worker stop before measuring it, the trial goes stale
+                    if study._storage.get_heartbeat_interval() is not None:  # noqa: SLF001
+                        study._storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
+                trial = mine[0]
+                spec = self.ctx.space.suggest(trial)
+                knobs = self.ctx.space.suggest_engine(trial)  # the study's sampler draws those not enqueued
+                key = candidate_key(spec.to_vllm(), knobs)
+                rec = TrialRecord.of(trial)
+                earlier = None if rec.measured_again else _same_candidate(trials, key, trial.number)
+                write_fields(trial, record_version=RECORD_VERSION, config=candidate_label(spec, knobs),
+                             spec=spec.to_vllm() or {"method": "none"}, spec_key=key, engine=knobs or None,
+                             placement=placement, duplicate_of=earlier)  # a duplicate is answered from the earlier trial
+                return _Claim(trial, spec, knobs, progress[0] or _progress_of(trials, rec, self.ctx.config.trials))
+
+        return self.guard.call("claiming a trial", attempt, stoppable=True)
 
     def loop(self, slot: Slot) -> None:
-        """Ask, measure and tell until the search says stop (or a sampler keeps repeating itself)."""
+        """Ask, measure and tell until the search says stop (or a sampler keeps repeating itself).
+
+        Raises:
+            StorageUnreachableError: the storage stayed unreachable past the limit (also when
+                the heartbeat stopped this thread's engine for it).
+        """
+        try:
+            self._loop(slot)
+        except Stopped:
+            if self.guard.gave_up is not None:  # stopped by the heartbeat for the outage, not by a signal
+                raise self.guard.gave_up from None
+            raise
+        except StorageUnreachableError:
+            with contextlib.suppress(Stopped):
+                STOPS.check()  # the heartbeat's stop of this thread for the outage, should it not have landed
+            raise
+
+    def _loop(self, slot: Slot) -> None:
         attempts = 0
         limit = MAX_ATTEMPTS_PER_TRIAL * self.ctx.config.trials
         waited_on: tuple[tuple[int, str], ...] | None = None
+        study = self.ctx.study
         while attempts < limit:
             STOPS.check()
-            fingerprint = tuple((t.number, t.state.name) for t in self.ctx.study.get_trials(deepcopy=False))
+            fingerprint = self.guard.call("reading the study", lambda: tuple(
+                (t.number, t.state.name) for t in study.get_trials(deepcopy=False)), stoppable=True)
             if fingerprint == waited_on:  # nothing finished since the last answer was to wait
                 self.pause()
                 self.fail_stale()  # a dead worker's trial, queued again, changes the fingerprint
@@ -270,25 +356,54 @@ class _Worker:
 
     def measure(self, claimed: _Claim, slot: Slot) -> None:
         """Run the trial with its heartbeat and tell Optuna how it ended; KeyboardInterrupt and
-        other errors are told as FAIL, then go on up (a polite stop's trial: :attr:`handed_back`)."""
+        other errors are told as FAIL, then go on up (a polite stop's trial: :attr:`handed_back`).
+        While the storage is unreachable the tell is tried again (:attr:`guard`); a trial another
+        worker failed as stale meanwhile is left to the retry Optuna queued for it."""
         import optuna
 
         trial, study = claimed.trial, self.ctx.study
-        with _heartbeat(self.ctx, trial.number):
+        FAIL = optuna.trial.TrialState.FAIL  # noqa: N806
+        with _heartbeat(self.ctx, trial.number, self.guard):
             try:
                 engine = self.ctx.engine.model_copy(update=claimed.knobs) if claimed.knobs else self.ctx.engine
                 values = self.run(trial, claimed.spec, claimed.progress, engine=slot.place(engine))
             except EngineError:  # data: recorded by the trial function
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                self.guard.call(f"telling trial {trial.number}",
+                                lambda: study.tell(trial, state=FAIL, skip_if_finished=True))
+                return
+            except optuna.exceptions.UpdateFinishedTrialError:
+                _logger.warning("trial %d was failed as stale by another worker while this one could not reach "
+                                "the storage (longer than the grace period, %d s): its result is dropped, and the "
+                                "trial is measured again", trial.number, self.ctx.config.grace_period)
                 return
             except BaseException as e:
-                if TrialRecord.of(trial).fail_reason is None:
-                    write_fields(trial, fail_reason=INTERRUPTED)
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                if isinstance(e, Stopped):
+                if self._hand_back(trial) and isinstance(e, Stopped) and self.guard.gave_up is None:
                     self.handed_back.append(trial.number)
                 raise
-        study.tell(trial, values if len(values) > 1 else values[0])
+        self.guard.call(f"telling trial {trial.number}",
+                        lambda: study.tell(trial, values if len(values) > 1 else values[0], skip_if_finished=True))
+
+    def _hand_back(self, trial: optuna.Trial) -> bool:
+        """Tell an interrupted trial FAIL as ``interrupted`` (measured again first), trying the
+        storage once: True when told. A trial the storage does not take now stays RUNNING and,
+        after the grace period, is measured again."""
+        import optuna
+
+        def tell() -> None:
+            if TrialRecord.of(trial).fail_reason is None:
+                write_fields(trial, fail_reason=INTERRUPTED)
+            self.ctx.study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+        try:
+            tell()
+        except Exception as e:
+            if not self.guard.failed(e) and not isinstance(e, optuna.exceptions.UpdateFinishedTrialError):
+                raise
+            _logger.warning("trial %d not handed back: the storage is unreachable; it is measured again after "
+                            "the grace period", trial.number)
+            return False
+        self.guard.succeeded()
+        return True
 
     def run_slots(self) -> None:
         """One slot in this thread; several in threads of their own. Ctrl-C or a polite stop
@@ -326,6 +441,27 @@ class _Worker:
             t.join()
         if errors:
             raise errors[0]
+
+
+def _still_mine(study: optuna.Study, trial: optuna.Trial, placement: Placement) -> bool:
+    """Whether ``trial``, started by a claim that was cut off, is still this claim's to finish:
+    RUNNING, and taken up by no other claim meanwhile (:func:`_cut_off_claim`)."""
+    frozen = study._storage.get_trial(trial._trial_id)  # noqa: SLF001
+    taken = TrialRecord.of(frozen).placement
+    return frozen.state.name == "RUNNING" and (taken is None or taken == placement)
+
+
+def _cut_off_claim(study: optuna.Study) -> optuna.Trial | None:
+    """A RUNNING trial without a placement: a claim (which writes it last, under the study's
+    lock, which is held now) started it and was cut off, by the storage or by the end of its
+    worker. The oldest, to be claimed again; None when there is none."""
+    import optuna
+
+    for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        rec = TrialRecord.of(frozen)
+        if rec.placement is None and rec.imported is None:
+            return optuna.Trial(study, frozen._trial_id)  # noqa: SLF001
+    return None
 
 
 def _progress_of(trials: Sequence[Snapshot], rec: TrialRecord, budget: int) -> tuple[int, int]:
@@ -368,8 +504,14 @@ def run_worker(
     heartbeat's grace period, and it returns with :attr:`StudyResult.stopped` and
     :attr:`StudyResult.handed_back` set. A second signal meanwhile is ignored.
 
+    While the storage is unreachable the worker waits for it (no engine starts; a measurement
+    finished meanwhile is written when it answers), up to the study's ``storage_outage_limit``
+    (:class:`~spectune.storage.StorageGuard`).
+
     Raises:
         StorageError: another process works on the same SQLite file (one line naming PostgreSQL).
+        StorageUnreachableError: the storage stayed unreachable past ``storage_outage_limit``;
+            every engine has stopped.
         ConfigError: GPU groups that do not fit the study.
     Lets KeyboardInterrupt (not one of ``stop_signals``) through once every engine has stopped
     and its trial is marked ``interrupted``.
@@ -379,8 +521,9 @@ def run_worker(
     slots = slots or [Slot()]
     hook = progress or (lambda e: None)
     config = ctx.config
+    guard = StorageGuard(ctx.url, config.storage_outage_limit)
     with worker_claim(ctx.url), _stopping_on(stop_signals) as stopped:
-        _check_placement(ctx, slots)
+        guard.call("joining the study", lambda: _check_placement(ctx, slots))
         strategy = strategy or StudyStrategy(
             space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler, objectives=len(config.objectives),
             trials=config.trials, confirm=config.confirm, time_budget=config.time_budget, tolerance=config.tolerance,
@@ -389,18 +532,29 @@ def run_worker(
                                                           of=round(config.time_budget or 0))))
         run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
                             prompts=ctx.prompts, measure=measure_fn or measure_engine, hook=hook,
-                            trial_progress=trial_progress)
-        worker = _Worker(ctx, strategy, run, slots, poll_seconds)
+                            trial_progress=trial_progress, guard=guard)
+        worker = _Worker(ctx, strategy, run, slots, poll_seconds, guard)
         try:
             worker.run_slots()
         except Stopped:
             if not stopped:  # a Stopped no signal of ours asked for: not a polite stop
                 raise
     study = ctx.study
-    complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
-    return StudyResult(study_name=study.study_name, storage=ctx.url, **run.counts,
-                       best=[t.number for t in study.best_trials] if complete else [],
-                       finished=sum(1 for t in snapshots(study) if t.finished),
+
+    def standing() -> tuple[list[int], int]:
+        complete = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+        return ([t.number for t in study.best_trials] if complete else []), sum(1 for t in snapshots(study) if t.finished)
+
+    if not stopped:
+        best, finished = guard.call("reading where the study stands", standing)
+    else:  # a polite stop does not wait for the storage
+        try:
+            best, finished = standing()
+        except Exception as e:
+            if not guard.failed(e):
+                raise
+            best, finished = [], 0
+    return StudyResult(study_name=study.study_name, storage=ctx.url, **run.counts, best=best, finished=finished,
                        stopped=stopped[0] if stopped else None, handed_back=sorted(worker.handed_back))
 
 
