@@ -290,6 +290,7 @@ def test_a_sqlite_file_locked_by_another_process_mid_trial_loses_nothing(tmp_pat
     assert len([t for t in trials if t.datetime_complete.timestamp() >= released]) >= 2  # written after
 
 
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed")  # ask() outside optimize(), as workers do
 def test_after_an_outage_no_trial_is_judged_stale_until_every_worker_could_beat_again(
         tmp_path: Path, repetitive_prompts: Path) -> None:
     cfg = study_config(tmp_path, "stand-in", repetitive_prompts, SPACE, "held", trials=4, heartbeat_interval=1,
