@@ -131,8 +131,14 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     With ``schedule_max_batch``, a speculative choice also gets vLLM's
     ``num_speculative_tokens_per_batch_size`` for batch sizes 1..``schedule_max_batch``
     (:func:`batch_schedule`; vLLM reads it from 0.24).
+
+    Raises:
+        ConfigError: no configuration to choose, or ``path`` is a folder or cannot be written
+            (nothing is written then).
     """
     path = Path(path)
+    if not path.name or path.is_dir():
+        raise ConfigError(f"{path}: is a folder; give the file to write, e.g. best.yaml")
     choice = view.best()
     row = choice.row
     m = view.store.measurement(row.trial_id)
@@ -187,8 +193,14 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         "vllm_config": config,
         "batch_schedule": schedule,
     }
-    path = Path(path)
     prov = _provenance_path(path)
-    atomic_write_text(prov, json.dumps(provenance, indent=2, default=str) + "\n")
-    atomic_write_text(path, text)
+    try:
+        atomic_write_text(prov, json.dumps(provenance, indent=2, default=str) + "\n")
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise ConfigError(f"{prov}: cannot write the export: {getattr(e, 'strerror', None) or e}") from e
+    try:
+        atomic_write_text(path, text)
+    except (OSError, ValueError) as e:
+        prov.unlink(missing_ok=True)  # both files or neither
+        raise ConfigError(f"{path}: cannot write the export: {getattr(e, 'strerror', None) or e}") from e
     return ExportResult(path=path, provenance_path=prov, choice=choice, config=config)
