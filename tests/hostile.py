@@ -189,6 +189,18 @@ def _alembic_head_once() -> Iterator[None]:
         yield
 
 
+def _fresh_engines() -> None:
+    """Drop the SQLAlchemy engines spectune keeps per storage URL, as a new process starts
+    without them: a relative SQLite URL (the default, ``sqlite:///storage/spectune.db``) names
+    another file in each case's folder, and the engine of an earlier case would reach that
+    case's file, removed since (SQLite then calls the database read-only)."""
+    from spectune import storage
+
+    engine = getattr(storage, "_engine", None)
+    if engine is not None and hasattr(engine, "cache_clear"):
+        engine.cache_clear()
+
+
 def _in_process(argv: list[str]) -> tuple[int | None, str, str, str | None]:
     """Run ``spectune.cli.main(argv)`` here: (exit code, stdout, stderr, the exception that left it)."""
     global _ORIGINAL_GET_COMMAND
@@ -198,6 +210,7 @@ def _in_process(argv: list[str]) -> tuple[int | None, str, str, str | None]:
 
     if _ORIGINAL_GET_COMMAND is None:
         _ORIGINAL_GET_COMMAND = typer.main.get_command
+    _fresh_engines()
     out, err = io.StringIO(), io.StringIO()
     code: int | None = None
     escaped = None

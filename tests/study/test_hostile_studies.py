@@ -170,3 +170,16 @@ def test_a_result_imported_in_a_process_prints_what_it_imported_and_nothing_else
     outcome = harness.run(import_file(bench_result()), in_subprocess=True)
     assert outcome.code == 0 and outcome.stderr == "", outcome  # no warning of Optuna's about heartbeats
     assert outcome.stdout.endswith(f"study {WARM}: 1 result imported\n") and trials_of(harness) == before + 1
+
+
+def test_export_to_a_folder_is_refused_in_one_line_and_writes_nothing(harness: Harness) -> None:
+    baseline = {k: v for k, v in bench_result(output_throughput=50.0).items()
+                if not k.startswith("spec") and k != "speculative_config"}
+    for data in (baseline, bench_result()):  # a baseline and a speculative trial: the study has a best
+        assert harness.run(import_file(data)).code == 0
+    for target in ("", "@CASE@", "."):
+        outcome = harness.run(Case("cli", ("export", "--storage", "@STORAGE@", "--study", WARM, "-o", target)))
+        assert outcome.problem is None and outcome.code == 2 and "is a folder; give the file to write" in outcome.stderr, outcome
+    written = harness.run(Case("cli", ("export", "--storage", "@STORAGE@", "--study", WARM, "-o", "@CASE@/best.yaml")))
+    assert written.code == 0, written.stderr
+    assert sorted(p.name for p in harness.case_dir.iterdir()) == ["best.provenance.json", "best.yaml"]
