@@ -12,6 +12,7 @@ from spectune._util import StrictModel
 __all__ = [
     "INTERRUPTED",
     "KNOBS_BY_SAMPLER",
+    "RECHECK_BASELINE",
     "RECHECK_BEST",
     "RECHECK_CONTENDER",
     "RECHECK_SURPRISE",
@@ -34,6 +35,9 @@ RECHECK_SURPRISE = "outside its predicted interval"
 """Why guided search measured a configuration again: its measurement fell outside its prediction."""
 RECHECK_BEST = "the best when the search would stop"
 """Why guided search measured a configuration again: the best, before the search stops."""
+RECHECK_BASELINE = "the baseline, the best gain within the band"
+"""Why guided search measured the baseline again: the best speculative configuration's gain lay
+within the paired band (:func:`spectune.results.paired_band`), the baseline measured on one engine."""
 RECHECK_CONTENDER = "a rival when the search would stop"
 """Why guided search measured a configuration again: measured on one engine, it still had more
 than the stopping rule's chance of beating the pick by more than the tolerance."""

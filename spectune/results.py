@@ -245,6 +245,8 @@ class Choice:
     """How much engine starts of one configuration differ in this study (:func:`engine_spread`;
     None until one was measured twice): the least noise of a configuration measured once."""
     band_kind: str = "noise band"
+    within_band: bool = False
+    """The baseline is chosen because the best speculative configuration's gain lies within the band."""
 
 
 class StudyView:
@@ -386,9 +388,9 @@ class StudyView:
                    else ", on one engine: no speculative configuration was confirmed feasible on a second"
                    if confirming else "")
 
-        def choice(c: Engines, is_baseline: bool, reason: str) -> Choice:
+        def choice(c: Engines, is_baseline: bool, reason: str, within: bool = False) -> Choice:
             return Choice(c.row, base.row, is_baseline, reason, band, c.value,
-                          1.0 if c is base else gain, c.values, base.values, spread, what)
+                          1.0 if c is base else gain, c.values, base.values, spread, what, within)
 
         if best is base:
             faster = [c for c in self.engines() if not c.feasible and not c.row.is_baseline
@@ -403,7 +405,7 @@ class StudyView:
         if gain is None or gain - 1.0 <= band:
             sp = f"{gain:.3f}x" if gain is not None else "unknown"
             return choice(base, True, f"the best speculative configuration ({best.row.label}, {sp}{engines}) is "
-                                      f"within the {what} (+-{band:.1%}) of the baseline")
+                                      f"within the {what} (+-{band:.1%}) of the baseline", gain is not None)
         return choice(best, False, f"{gain:.2f}x the baseline{engines} ({what} +-{band:.1%})")
 
     def paired_band(self, a: Engines, b: Engines, spread: float | None) -> float | None:

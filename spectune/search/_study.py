@@ -38,6 +38,7 @@ from spectune.predict import DEFAULT_MARGIN, DEFAULT_STOP_CHANCE, DraftReplays, 
 from spectune.records import (
     KNOBS_BY_SAMPLER,
     RECHECK_BEST,
+    RECHECK_BASELINE,
     RECHECK_CONTENDER,
     RECHECK_SURPRISE,
     StudyRecord,
@@ -290,6 +291,9 @@ class StudyStrategy(SearchStrategy):
             first = next(t for t in trials if t.number == rival.row.number)
             return Run(first.params, TrialRecord(confirms=rival.row.number, recheck=RECHECK_CONTENDER),
                        why=f"{RECHECK_CONTENDER}, again on a fresh engine")
+        if plan.pick is None and (base_again := self._recheck_baseline(view, trials)) is not None:
+            write_study_fields(study, guide=guide)
+            return base_again
         if plan.pick is None and (explore := self._explore_knobs(view, trials)) is not None:
             write_study_fields(study, guide=guide)
             return explore
@@ -313,6 +317,21 @@ class StudyStrategy(SearchStrategy):
             predicted_high=p.value.high, predicted_acceptance_length=p.mean_acceptance_length,
             prediction_source=p.source, guide_reason=plan.reason, guide_step=step,
         ), why=f"guided search: the most {plan.reason}")
+
+    def _recheck_baseline(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
+        """The baseline again on a fresh engine, once, when the search would stop with the baseline
+        chosen because the best speculative configuration's gain lies within the paired band: the
+        baseline's single engine is half of that band's engine part (:func:`spectune.results.paired_band`).
+        None otherwise."""
+        choice = view.best()
+        if not choice.within_band or len(choice.baseline_engines) != 1 or choice.baseline.number in measured_again(trials):
+            return None
+        first = next((t for t in trials if t.number == choice.baseline.number), None)
+        if first is None:
+            return None
+        _logger.info("guided search would stop; first measuring the baseline again (%s)", choice.reason)
+        return Run(first.params, TrialRecord(confirms=choice.baseline.number, recheck=RECHECK_BASELINE),
+                   why=f"{RECHECK_BASELINE}, again on a fresh engine")
 
     def _explore_knobs(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
         """Once its models have nothing left to measure: the best speculative configuration

@@ -259,3 +259,34 @@ def test_a_sampler_suggesting_a_measured_candidate_reuses_it(landscape: Landscap
         assert first.user_attrs["spec_key"] == t.user_attrs["spec_key"] and "duplicate_of" not in first.user_attrs
         assert t.values == first.values and t.user_attrs["config"] == first.user_attrs["config"]
     assert len({t.user_attrs["spec_key"] for t in trials}) == len(spent)  # no candidate measured twice
+
+
+def test_a_gain_within_the_band_has_the_baseline_measured_again_once(landscape: Landscape, tmp_path: Path) -> None:
+    from landscape_runs import scaled
+
+    from spectune.records import RECHECK_BASELINE
+
+    values = landscape_values(landscape)
+    best = max(values.values())
+    inner = landscape.measurer()
+    calls: list[str] = []
+
+    def measure(engine: object, spec: SpecConfig, *args: object, **kwargs: object) -> Measurement:
+        calls.append(spec.label())
+        m = inner(engine, spec, *args, **kwargs)
+        # the baseline's first engine runs as fast as the best configuration, less 10 %
+        return scaled(m, 0.9 * best / values["none"]) if spec.is_baseline and calls.count("none") == 1 else m
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'b.db'}", study_name="base", sampler="guided",
+                              trials=len(landscape.points), log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=measure)
+    assert calls.count("none") == 2, "the baseline measured again, once"
+    view = open_study(config.storage, "base")
+    again = [r for r in view.rows if r.recheck_reason == RECHECK_BASELINE]
+    assert len(again) == 1 and again[0].is_baseline and again[0].confirms == view.baseline().number
+    assert calls.index("none", 1) > 1  # after the search, when it would have stopped
+    choice = view.best()
+    assert choice.baseline_engines == pytest.approx([0.9 * best, values["none"]])
+    # run again: nothing more is measured
+    run_study(config, measure_fn=measure)
+    assert calls.count("none") == 2
