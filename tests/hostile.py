@@ -606,7 +606,7 @@ study_fields = {
     "repeats": either(st.integers(1, 3)), "confirm": either(st.integers(0, 2)), "tolerance": either(st.floats(0, 0.5)),
     "time_budget": either(DURATIONS), "startup_timeout": either(st.floats(1, 100)), "window_timeout": numbers,
     "log_dir": either(st.just("@CASE@/logs")), "heartbeat_interval": either(st.integers(1, 60)),
-    "grace_period": either(st.integers(2, 200)), "bogus": scalars,
+    "grace_period": either(st.integers(2, 200)), "storage_outage_limit": either(DURATIONS), "bogus": scalars,
 }
 
 
@@ -723,7 +723,7 @@ def _opt_values() -> None:
             "--study": either(st.just("@STUDY@"), text), "--seed": text,
             "--sampler": either(st.sampled_from(["guided", "tpe", "random", "grid"]), text), "--confirm": text,
             "--time-budget": either(DURATIONS, text), "--tolerance": text, "--max-memory": text,
-            "--min-kv-cache-tokens": text, "--gpus": text,
+            "--min-kv-cache-tokens": text, "--gpus": text, "--storage-outage-limit": either(DURATIONS, text),
             "--config": st.sampled_from(["@FIX@/w.jsonl", "@CASE@", "nope.yaml", ""]),
         },
         "import": {"--study": study, "--storage": storage, "--engine-arg": text,
