@@ -148,6 +148,8 @@ def _sqlite_path(url: str) -> Path:
         database = sa.engine.make_url(url).database or ""
     except (sa.exc.ArgumentError, ValueError):
         database = url.removeprefix("sqlite:///").split("?", 1)[0]
+    if "\x00" in database:  # no file has one; os calls raise ValueError on it
+        raise StorageError(f"storage {safe_url(url)} cannot be used: its path holds a NUL character")
     path = Path(database).expanduser()
     try:
         if path.is_dir():

@@ -183,3 +183,10 @@ def test_export_to_a_folder_is_refused_in_one_line_and_writes_nothing(harness: H
     written = harness.run(Case("cli", ("export", "--storage", "@STORAGE@", "--study", WARM, "-o", "@CASE@/best.yaml")))
     assert written.code == 0, written.stderr
     assert sorted(p.name for p in harness.case_dir.iterdir()) == ["best.provenance.json", "best.yaml"]
+
+
+def test_a_storage_path_with_a_nul_is_refused_in_one_line(harness: Harness) -> None:
+    study = b"target: org/model\nworkload: {source: '@FIX@/w.jsonl'}\nspace: ngram\nstorage: \"sqlite:///a\\0b.db\"\n"
+    outcome = harness.run(Case("study", ("optimize", "--create-only", "--config", "@CASE@/s.yaml"), (("s.yaml", study),)))
+    assert outcome.problem is None and outcome.code == 2, outcome
+    assert "cannot be used: its path holds a NUL character" in outcome.stderr
