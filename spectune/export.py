@@ -134,7 +134,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
 
     Raises:
         ConfigError: no configuration to choose, or ``path`` is a folder or cannot be written
-            (nothing is written then).
+            (an earlier export there is left as it was).
     """
     path = Path(path)
     if not path.name or path.is_dir():
@@ -195,12 +195,19 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     }
     prov = _provenance_path(path)
     try:
+        earlier = prov.read_text() if prov.is_file() else None  # put back should best.yaml fail
         atomic_write_text(prov, json.dumps(provenance, indent=2, default=str) + "\n")
     except (OSError, ValueError) as e:  # ValueError: a NUL in the path
         raise ConfigError(f"{prov}: cannot write the export: {getattr(e, 'strerror', None) or e}") from e
     try:
         atomic_write_text(path, text)
-    except (OSError, ValueError) as e:
-        prov.unlink(missing_ok=True)  # both files or neither
+    except (OSError, ValueError) as e:  # the earlier pair, or neither file
+        if earlier is None:
+            prov.unlink(missing_ok=True)
+        else:
+            try:
+                atomic_write_text(prov, earlier)
+            except OSError:
+                prov.unlink(missing_ok=True)
         raise ConfigError(f"{path}: cannot write the export: {getattr(e, 'strerror', None) or e}") from e
     return ExportResult(path=path, provenance_path=prov, choice=choice, config=config)

@@ -203,7 +203,9 @@ def test_a_storage_password_is_in_no_message_log_record_report_or_export(tmp_pat
 def test_the_dashboard_says_in_one_line_when_it_listens_beyond_loopback(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "spectune.cli", "dashboard", "--storage", str(tmp_path / "s.db"),
                              "--host", "0.0.0.0", "--port", "0"],  # noqa: S104 - what is tested
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # SIGINT as a terminal delivers it, even where pytest runs in the background
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     lines: list[str] = []
     try:
         assert proc.stderr is not None
