@@ -317,3 +317,21 @@ def swept_study(tiny_models, tmp_path_factory: pytest.TempPathFactory):  # noqa:
                                  "sampling": {"max_tokens": 48, "temperature": 0.0}})
     run_study(cfg)
     return cfg, tmp
+
+
+@pytest.fixture(scope="module")
+def harness():  # noqa: ANN201
+    """The hostile-input harness (tests/hostile.py) over a storage folder shared by a module's cases."""
+    from hostile import harness_folder, Harness
+
+    with harness_folder() as root:
+        yield Harness(root)
+
+
+@pytest.fixture
+def fresh_harness():  # noqa: ANN201
+    """A storage of the test's own: what other tests put there does not slow its cases."""
+    from hostile import harness_folder, Harness
+
+    with harness_folder() as root:
+        yield Harness(root)

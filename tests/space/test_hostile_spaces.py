@@ -5,11 +5,10 @@ nothing written (``tests/hostile.py`` says what counts)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import yaml
-from hostile import BOMB, Case, Harness, harness_folder, run_property, space_cases
+from hostile import BOMB, Case, Harness, run_property, space_cases
 
 from spectune._util import YAML_MAX_VALUES, parse_yaml
 from spectune.errors import ConfigError
@@ -18,18 +17,6 @@ EXAMPLES = 400
 DEEP = "exceeded maximum nesting depth" if yaml.__with_libyaml__ else "nested too deeply"
 """What a YAML document nested too deeply gets: libyaml's own limit, else Python's recursion."""
 
-
-@pytest.fixture(scope="module")
-def harness() -> Iterator[Harness]:
-    with harness_folder() as root:
-        yield Harness(root)
-
-
-@pytest.fixture
-def fresh_harness() -> Iterator[Harness]:
-    """A storage of the test's own: what other tests put there does not slow its cases."""
-    with harness_folder() as root:
-        yield Harness(root)
 
 
 def optimize_with_space(text: bytes) -> Case:

@@ -5,7 +5,6 @@ nothing written (``tests/hostile.py`` says what counts)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from hostile import (
@@ -14,7 +13,6 @@ from hostile import (
     Harness,
     bench_result,
     cli_cases,
-    harness_folder,
     import_cases,
     run_property,
     study_cases,
@@ -25,18 +23,6 @@ from spectune.results import open_study
 
 STUDY_EXAMPLES, CLI_EXAMPLES, IMPORT_EXAMPLES = 400, 500, 100
 
-
-@pytest.fixture(scope="module")
-def harness() -> Iterator[Harness]:
-    with harness_folder() as root:
-        yield Harness(root)
-
-
-@pytest.fixture
-def fresh_harness() -> Iterator[Harness]:
-    """A storage of the test's own: what other tests put there does not slow its cases."""
-    with harness_folder() as root:
-        yield Harness(root)
 
 
 def trials_of(harness: Harness, study: str = WARM) -> int:

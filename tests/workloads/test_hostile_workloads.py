@@ -6,25 +6,12 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
 
 import pytest
-from hostile import Case, Harness, harness_folder, run_property, workload_cases
+from hostile import Case, Harness, run_property, workload_cases
 
 EXAMPLES = 500
 
-
-@pytest.fixture(scope="module")
-def harness() -> Iterator[Harness]:
-    with harness_folder() as root:
-        yield Harness(root)
-
-
-@pytest.fixture
-def fresh_harness() -> Iterator[Harness]:
-    """A storage of the test's own: what other tests put there does not slow its cases."""
-    with harness_folder() as root:
-        yield Harness(root)
 
 
 def optimize_on(name: str, content: bytes, fmt: str | None = None) -> Case:
