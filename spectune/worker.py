@@ -127,6 +127,10 @@ class Slot:
         })
 
 
+MAX_GPU_INDEX = 1024
+"""GPU numbers ``--gpus`` takes are below this: a range is listed one GPU at a time."""
+
+
 def parse_gpus(text: str | None) -> list[Slot]:
     """``"0,1,2,3"``: one engine per GPU; ``"0-1,2-3"``: one per group of two; None: one engine,
     placed by the environment.
@@ -146,6 +150,8 @@ def parse_gpus(text: str | None) -> list[Slot]:
             raise ConfigError(f"--gpus {text!r}: expected GPU numbers and ranges, e.g. 0,1,2,3 or 0-1,2-3") from None
         if first < 0 or last < first:
             raise ConfigError(f"--gpus {text!r}: {part.strip()!r} is no GPU range")
+        if last >= MAX_GPU_INDEX:
+            raise ConfigError(f"--gpus {text!r}: GPU {last} is beyond any machine's (numbers below {MAX_GPU_INDEX})")
         groups.append(tuple(range(first, last + 1)))
     seen = [g for group in groups for g in group]
     if len(seen) != len(set(seen)):

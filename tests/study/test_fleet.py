@@ -69,7 +69,8 @@ def test_gpus_are_parsed_into_groups_and_bad_ones_refused() -> None:
     assert parse_gpus(None) == [Slot()]
     assert parse_gpus("0,1,2,3") == [Slot((0,)), Slot((1,)), Slot((2,)), Slot((3,))]
     assert parse_gpus("0-1,2-3") == [Slot((0, 1)), Slot((2, 3))]
-    for bad, needle in (("0-1,2", "same number"), ("0,0", "two groups"), ("a", "GPU numbers"), ("3-1", "no GPU range")):
+    for bad, needle in (("0-1,2", "same number"), ("0,0", "two groups"), ("a", "GPU numbers"), ("3-1", "no GPU range"),
+                        ("0-99999999999", "beyond any machine"), ("1024", "beyond any machine")):
         with pytest.raises(ConfigError, match=needle):
             parse_gpus(bad)
 
