@@ -279,18 +279,14 @@ class StudyStrategy(SearchStrategy):
                                                                        or standing.chance(settled=True) > STOP_CHANCE):
             write_study_fields(study, guide=guide)
             _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
-            first = next(t for t in trials if t.number == top.row.number)
-            return Run(first.params, TrialRecord(confirms=top.row.number, recheck=RECHECK_BEST),
-                       why=f"{RECHECK_BEST}, again on a fresh engine")
+            return _again(trials, top.row.number, RECHECK_BEST)
         if plan.pick is None and contenders:  # a rival measured once could still beat the pick: once more
             rival, chance = contenders[0]
             write_study_fields(study, guide=guide)
             _logger.info("guided search would stop; first measuring %s again (a %.0f %% chance of beating %s by "
                          "more than %.1f %%)", rival.row.label, 100 * chance, top.row.label if top else "-",
                          100 * standing.tolerance)
-            first = next(t for t in trials if t.number == rival.row.number)
-            return Run(first.params, TrialRecord(confirms=rival.row.number, recheck=RECHECK_CONTENDER),
-                       why=f"{RECHECK_CONTENDER}, again on a fresh engine")
+            return _again(trials, rival.row.number, RECHECK_CONTENDER)
         if plan.pick is None and (base_again := self._recheck_baseline(view, trials)) is not None:
             write_study_fields(study, guide=guide)
             return base_again
@@ -326,12 +322,8 @@ class StudyStrategy(SearchStrategy):
         choice = view.best()
         if not choice.within_band or len(choice.baseline_engines) != 1 or choice.baseline.number in measured_again(trials):
             return None
-        first = next((t for t in trials if t.number == choice.baseline.number), None)
-        if first is None:
-            return None
         _logger.info("guided search would stop; first measuring the baseline again (%s)", choice.reason)
-        return Run(first.params, TrialRecord(confirms=choice.baseline.number, recheck=RECHECK_BASELINE),
-                   why=f"{RECHECK_BASELINE}, again on a fresh engine")
+        return _again(trials, choice.baseline.number, RECHECK_BASELINE)
 
     def _explore_knobs(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
         """Once its models have nothing left to measure: the best speculative configuration
@@ -409,6 +401,13 @@ class StudyStrategy(SearchStrategy):
 STOP_CHANCE = DEFAULT_STOP_CHANCE
 """Guided search stops once no candidate, unmeasured or measured on one engine, has more than
 this chance of beating the pick by more than the tolerance."""
+
+
+def _again(trials: Sequence[Snapshot], number: int, why: str) -> Run:
+    """Trial ``number``'s configuration measured again on a fresh engine, for guided search's
+    reason ``why`` (a RECHECK_* of :mod:`spectune.records`)."""
+    first = next(t for t in trials if t.number == number)
+    return Run(first.params, TrialRecord(confirms=number, recheck=why), why=f"{why}, again on a fresh engine")
 
 
 def study_tolerance(tolerance: float | None, spread: float | None) -> float:
