@@ -61,8 +61,8 @@ def _held_out(baseline: Any, speculative: list[Any], level: int) -> dict[str, An
     out: dict[str, Any] = {
         "fitted_on": list(model.step.levels),
         "step_time_ms": {"a": model.step.a, "slope": model.step.slope},
-        "rho": {str(method.value): rho for method, (rho, _) in model.rho.items()},
-        "rho_throughput": {str(method.value): rho for method, (rho, _) in model.rho_throughput.items()},
+        "rho": {method.value if method else "pooled": rho for method, (rho, _) in model.rho.items()},
+        "rho_throughput": {method.value if method else "pooled": rho for method, (rho, _) in model.rho_throughput.items()},
         "baseline": {"throughput_error": _error(model.baseline_throughput(level), truth.output_throughput),
                      "tpot_error": _error(model.t0(level), truth.tpot_median_ms)},
         "candidates": [],

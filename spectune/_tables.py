@@ -108,6 +108,7 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
     from rich.markup import escape
 
     from spectune.records import StudyRecord
+    from spectune.report import level_rows
     from spectune.results import engine_spread, engine_spread_note, prediction_errors_note, stop_note
 
     console = console or Console()
@@ -154,6 +155,13 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
                       f"the best measured (spectune predict ranks them)")
     if (spread := engine_spread_note(engine_spread(view.engines()))) is not None:
         console.print(spread)
+    if (mix := level_rows(view)) is not None:  # a load mix: the choice at each level
+        header, cells = mix
+        table, _ = fitted_table(console, f"the choice at each level of the load mix ({view.objectives[0]})",
+                                [Column(h, justify="right" if i != 5 else "left", drop=0 if i < 5 else 1)
+                                 for i, h in enumerate(header)], [[escape(c) for c in row] for row in cells])
+        console.print(table)
+
 
 
 # -- spectune predict --------------------------------------------------------------------------
@@ -165,16 +173,19 @@ def _interval(e: Estimate, fmt: str = ".4g") -> str:
 
 
 def predictions_table(console: Console, predictions: Sequence[Prediction], *,
-                      title: str = "predicted, not measured") -> Table:
+                      title: str = "predicted, not measured", mix: bool = False) -> Table:
     """One row per prediction, in the given order: objective, TPOT and throughput with
-    intervals, fitted to ``console``'s width."""
+    intervals, fitted to ``console``'s width. ``mix``: the objective is a load mix's (its own
+    column; TPOT and throughput are the headline level's)."""
     from rich.markup import escape
 
     objective = predictions[0].objective if predictions else "output_throughput"
-    # TPOT and throughput have their own columns; another objective gets one too
-    own = objective not in ("output_throughput", "tpot_median_ms")
+    # TPOT and throughput have their own columns; another objective, or a mix, gets one too
+    own = mix or objective not in ("output_throughput", "tpot_median_ms")
+    name = f"{objective} over the mix" if mix else objective
+    short = f"{_OBJECTIVE.get(objective, objective)} mix" if mix else _OBJECTIVE.get(objective, objective)
     columns = [Column("#", justify="right"), Column("config", short_cells=short_label),
-               *([Column(objective, _OBJECTIVE.get(objective, objective))] if own else []),
+               *([Column(name, short)] if own else []),
                Column("tpot ms", "TPOT ms", drop=4), Column("throughput tok/s", "tok/s"),
                Column("acceptance", "accept", drop=2, justify="right"),
                Column("accept len", "len", drop=1, justify="right"),

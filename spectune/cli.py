@@ -153,15 +153,22 @@ def optimize(
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair).")] = None,
     create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
     storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
+    concurrency: Annotated[Optional[str], typer.Option(help="Requests in flight: 8, or a load mix 1,4,16 whose levels each trial measures on its engine (the objective weighs them).")] = None,
+    level_weights: Annotated[Optional[str], typer.Option(help="How much each level of --concurrency counts: 3,1,1 (default: equal; e.g. the share of the day at each load).")] = None,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune.storage import resolve_storage_url, safe_url, worker_claim
     from spectune.study import create_study, load_study_config, plan_study
     from spectune.worker import parse_gpus
 
+    levels = _parse_list(concurrency, "--concurrency", int, "1,4,16") if concurrency is not None else None
+    weights = _parse_list(level_weights, "--level-weights", float, "3,1,1") if level_weights is not None else None
     cfg = load_study_config(config, {
         "target": target, "draft": draft[0] if draft and len(draft) == 1 else draft or None, "space": space,
         "workload": workload,
+        "workload.concurrency": levels[0] if levels else None,
+        "workload.concurrency_levels": levels if levels and len(levels) > 1 else None,
+        "workload.level_weights": weights,
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
         "tolerance": tolerance, "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,
@@ -197,6 +204,19 @@ def worker(
         if limit is not None:  # this worker's own, over the study's
             ctx.config = ctx.config.model_copy(update={"storage_outage_limit": limit})
         _work(ctx, slots)
+
+
+def _parse_list(text: str, option: str, kind: type[int] | type[float], example: str) -> list[Any]:
+    """A comma-separated option's values (ConfigError: one that is not a number)."""
+    from spectune.errors import ConfigError
+
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected numbers like {example}") from None
+    if not values:
+        raise ConfigError(f"{option} {text!r}: expected numbers like {example}")
+    return values
 
 
 def _outage_limit(text: str | None) -> float | None:
@@ -365,28 +385,24 @@ def predict(
     from rich.console import Console
 
     from spectune._tables import levels_table, predictions_table
-    from spectune.errors import ConfigError
     from spectune.results import open_study
     from spectune.search import study_inputs
 
-    levels: list[int] = []
-    if concurrency is not None:
-        try:
-            levels = [int(x) for x in concurrency.split(",") if x.strip()]
-        except ValueError:
-            raise ConfigError(f"--concurrency {concurrency!r}: expected levels like 1,8,32") from None
-        if not levels:
-            raise ConfigError(f"--concurrency {concurrency!r}: expected levels like 1,8,32")
+    levels: list[int] = _parse_list(concurrency, "--concurrency", int, "1,8,32") if concurrency is not None else []
     view = open_study(storage, study)
     inputs = study_inputs(view)
     predictions = inputs.predict()
     errors = inputs.errors()
+    workload = inputs.baseline.workload
+    mix = workload.is_mix and inputs.concurrency_model() is not None
+    levels = levels or (workload.levels if mix else [])  # a load mix: its levels, unless told others
     record: dict[str, Any] = {"study": view.name, "predictions": [p.record() for p in predictions[:top]],
-                              "errors": errors.record() if errors is not None else None}
+                              "errors": errors.record() if errors is not None else None,
+                              "load_mix": workload.weights() if mix else None}
     console = Console()
     if not as_json:
         title = f"study {view.name}: {len(predictions)} candidates not measured, best {min(top, len(predictions))}"
-        console.print(predictions_table(console, predictions[:top], title=title))
+        console.print(predictions_table(console, predictions[:top], title=title, mix=mix))
         console.print(errors.line() if errors is not None else
                       "no speculative configuration measured yet: these predictions rest on replay and priors alone")
     if levels:
@@ -398,7 +414,8 @@ def predict(
                                     for p, row in zip(shown, scaled, strict=True)]
         if not as_json:
             console.print(levels_table(console, shown, scaled, title=(
-                f"at other concurrency: step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
+                f"at {'each level of the load mix' if mix and not concurrency else 'other concurrency'}: "
+                f"step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
                 f"fitted on the baseline at {', '.join(map(str, model.step.levels))}")))
     if as_json:
         _print_json(record)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from enum import Enum
 from pathlib import Path
@@ -404,9 +405,15 @@ class WorkloadSpec(StrictModel):
     concurrency_levels: list[int] | None = Field(
         default=None, min_length=1, description="Concurrency levels of a sweep, each >= 1."
     )
+    level_weights: list[float] | None = Field(
+        default=None, description="How much each of concurrency_levels counts in the study's objective (the share "
+        "of the time the deployment spends at it; default: equal). Normalised.")
     request_rate: float | None = Field(
         default=None, gt=0, description="Requests per second (Poisson arrivals) instead of a fixed concurrency."
     )
+    burstiness: float = Field(
+        default=1.0, gt=0, le=1000, description="With request_rate: the shape of the gamma-distributed gaps between "
+        "arrivals, as vllm bench serve's --burstiness (1: Poisson; below 1: requests come in bursts).")
     warmup_requests: int = Field(default=1, ge=0)
     request_timeout: float = Field(default=300.0, gt=0)
 
@@ -428,7 +435,27 @@ class WorkloadSpec(StrictModel):
                 raise ValueError("concurrency_levels: levels must be distinct")
             if self.request_rate is not None:
                 raise ValueError("give concurrency_levels or request_rate, not both")
+        if self.level_weights is not None:
+            if self.concurrency_levels is None or len(self.level_weights) != len(self.concurrency_levels):
+                raise ValueError("level_weights: give one weight per level of concurrency_levels")
+            if not all(math.isfinite(w) and w > 0 for w in self.level_weights):
+                raise ValueError("level_weights: every weight must be a finite number > 0")
+        if self.burstiness != 1.0 and self.request_rate is None:
+            raise ValueError("burstiness shapes request_rate's arrivals: give request_rate too")
         return self
+
+    @property
+    def is_mix(self) -> bool:
+        """Whether the study's objective is a load mix: two concurrency levels or more, each
+        counted by its weight (:meth:`weights`)."""
+        return bool(self.concurrency_levels) and len(self.concurrency_levels) >= 2  # type: ignore[arg-type]
+
+    def weights(self) -> dict[int, float]:
+        """Each level's share of the load mix (``level_weights`` normalised; default: equal)."""
+        levels = self.levels
+        raw = self.level_weights or [1.0] * len(levels)
+        total = math.fsum(raw)
+        return {c: w / total for c, w in zip(levels, raw, strict=True)}
 
     @property
     def is_shipped(self) -> bool:

@@ -163,17 +163,18 @@ async def _one_request(
     return rec
 
 
-def arrival_offsets(n: int, rate: float | None, seed: int = 0) -> list[float]:
+def arrival_offsets(n: int, rate: float | None, seed: int = 0, burstiness: float = 1.0) -> list[float]:
     """When each of ``n`` requests is due, in seconds from the window's start: all at once for a
-    fixed concurrency (``rate`` None), else a Poisson process at ``rate`` per second (exponential
-    gaps drawn from ``seed``, the first request at 0), as vLLM's benchmark sends them."""
+    fixed concurrency (``rate`` None), else arrivals at ``rate`` per second, the first at 0, as
+    vLLM's benchmark sends them: gamma-distributed gaps of shape ``burstiness`` and mean
+    ``1 / rate`` drawn from ``seed`` (1: a Poisson process; below 1: bursts and lulls)."""
     if rate is None:
         return [0.0] * n
     rng = random.Random(seed)
     offsets, t = [], 0.0
     for _ in range(n):
         offsets.append(t)
-        t += rng.expovariate(rate)
+        t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
     return offsets
 
 
@@ -185,7 +186,7 @@ async def _run(
     connector = aiohttp.TCPConnector(limit=concurrency)
     sem = asyncio.Semaphore(concurrency)
     done = 0
-    due = arrival_offsets(len(prompts), workload.request_rate, workload.seed)
+    due = arrival_offsets(len(prompts), workload.request_rate, workload.seed, workload.burstiness)
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as session:

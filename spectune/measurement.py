@@ -148,6 +148,13 @@ class LevelStats(BaseModel):
     tpot_median_ms: float | None
     ttft_median_ms: float | None
     acceptance: AcceptanceStats | None
+    tpot_p99_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    e2el_median_ms: float | None = None
+    e2el_p99_ms: float | None = None
+    engine_timing: EngineTimingStats | None = Field(
+        default=None, description="The engine core's own timing of this level's requests (None where vLLM "
+        "reports no such histograms, or in a measurement stored before levels kept it).")
 
 
 
@@ -238,6 +245,8 @@ class Measurement(BaseModel):
                 concurrency=concurrency, num_requests=self.num_requests, num_failed=self.num_failed,
                 duration_seconds=self.duration_seconds, output_throughput=self.output_throughput,
                 tpot_median_ms=self.tpot_ms.median, ttft_median_ms=self.ttft_ms.median, acceptance=self.acceptance,
+                tpot_p99_ms=self.tpot_ms.p99, ttft_p99_ms=self.ttft_ms.p99, e2el_median_ms=self.e2el_ms.median,
+                e2el_p99_ms=self.e2el_ms.p99, engine_timing=self.engine_timing,
             )
         return None
 
@@ -282,11 +291,54 @@ class Objective(str, Enum):
         return out
 
     def of(self, m: Measurement) -> float:
-        """The measured value: the median over the windows."""
+        """The measured value: the median over the windows; over a load mix
+        (:attr:`WorkloadSpec.is_mix`), the weighted geometric mean of each level's value
+        (:meth:`of_levels`), so that the whole's ratio between two configurations is their
+        levels' ratios, each counted by its weight however large its figures are."""
+        levels = self.of_levels(m)
+        if levels is None:
+            return self.of_headline(m)
+        weights = m.workload.weights()
+        return math.exp(math.fsum(weights[c] * math.log(v) for c, v in levels.items()))
+
+    def of_headline(self, m: Measurement) -> float:
+        """The value at the measurement's headline concurrency: the median over its windows."""
         values = self.window_values(m)
         if not values:
             raise EngineError(f"no request produced a value for {self.value}")
         return float(statistics.median(values))
+
+    def at_level(self, level: LevelStats) -> float | None:
+        """This objective at one level of a sweep; None where the level has no such figure."""
+        value = getattr(level, self.value)
+        return float(value) if value is not None and value > 0 and math.isfinite(value) else None
+
+    def of_levels(self, m: Measurement) -> dict[int, float] | None:
+        """Each level's value of a load mix (the headline's from its windows, as :meth:`of_headline`);
+        None when the workload is not a mix or the measurement holds no levels.
+
+        Raises:
+            EngineError: a level of the mix produced no value (every request of it failed).
+        """
+        if not m.workload.is_mix or not m.levels:
+            return None
+        out: dict[int, float] = {}
+        for c in m.workload.levels:
+            level = m.at_concurrency(c)
+            value = self.of_headline(m) if c == m.concurrency else (self.at_level(level) if level else None)
+            if value is None or value <= 0:
+                raise EngineError(f"no request produced a value for {self.value} at concurrency {c}")
+            out[c] = value
+        return out
+
+
+def _worst_level(objective: Objective, m: Measurement) -> float:
+    """A latency at its worst level of a load mix (levels without the figure left out), else
+    its value."""
+    if not (m.workload.is_mix and m.levels):
+        return objective.of(m)
+    others = (v for lv in m.levels if lv.concurrency != m.concurrency and (v := objective.at_level(lv)) is not None)
+    return max(objective.of_headline(m), *others)
 
 
 class SLO(StrictModel):
@@ -305,13 +357,14 @@ class SLO(StrictModel):
     def violations(self, m: Measurement) -> dict[str, float]:
         """Optuna constraint values by SLO name: <= 0 is satisfied, > 0 by how much it is broken
         (in the limit's own unit; the memory limits relative to the limit). A limit the engine
-        gave no figure for (its KV cache's size, on an engine without the gauge) is not checked."""
+        gave no figure for (its KV cache's size, on an engine without the gauge) is not checked.
+        Over a load mix a latency limit holds at every level, the throughput floor on the whole."""
         out: dict[str, float] = {}
         for name, limit in self:
             if limit is None:
                 continue
             if name == "min_output_throughput":
-                out[name] = limit - m.output_throughput
+                out[name] = limit - Objective.OUTPUT_THROUGHPUT.of(m) if m.workload.is_mix else limit - m.output_throughput
             elif name == "max_memory":
                 if m.peak_memory_bytes is not None:
                     out[name] = m.peak_memory_bytes / limit - 1.0
@@ -319,7 +372,7 @@ class SLO(StrictModel):
                 if m.kv_cache_tokens is not None:
                     out[name] = 1.0 - m.kv_cache_tokens / limit
             else:
-                out[name] = Objective(name).of(m) - limit
+                out[name] = _worst_level(Objective(name), m) - limit
         return out
 
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spectune.errors import ConfigError, StorageError
+from spectune.errors import ConfigError, EngineError, StorageError
 from spectune.measurement import NOISE_FLOOR, Objective, candidate_key, speedup
 from spectune.records import StudyRecord, TrialRecord
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, safe_url
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from spectune.measurement import Measurement
 
-__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "Engines", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
+__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "Engines", "LevelRow", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
            "open_study", "paired_band", "pooled_spread", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
@@ -249,6 +249,22 @@ class Choice:
     """The baseline is chosen because the best speculative configuration's gain lies within the band."""
 
 
+@dataclass(frozen=True)
+class LevelRow:
+    """One level of a load mix (:attr:`~spectune.config.WorkloadSpec.is_mix`): the choice there
+    against the baseline there, and the configuration measured best at that level alone."""
+
+    concurrency: int
+    weight: float
+    value: float
+    """The choice's first objective at this level, its mean over its engines."""
+    baseline: float
+    speedup: float
+    best: str
+    """The feasible configuration measured best at this level (the choice where it is)."""
+    best_speedup: float
+
+
 class StudyView:
     """A study's trials with spectune's attributes, read from storage."""
 
@@ -297,7 +313,8 @@ class StudyView:
                 "is_baseline": choice.is_baseline, "reason": choice.reason, "value": choice.value,
                 "speedup": choice.speedup, "noise_band": choice.noise_band, "band_kind": choice.band_kind,
                 "engines": choice.engines,
-                "baseline_engines": choice.baseline_engines},
+                "baseline_engines": choice.baseline_engines,
+                "levels": [asdict(lv) for lv in levels] if (levels := self.levels(choice)) else None},
         }
 
     @property
@@ -422,6 +439,41 @@ class StudyView:
 
         return paired_band(measured(a), measured(b), objective, n_a=len(a.values),
                            n_b=len(b.values), spread=spread)
+
+    def levels(self, choice: Choice) -> list[LevelRow] | None:
+        """The load mix level by level: ``choice`` and the best at each level against the
+        baseline; None when the study measures no mix (or its baseline has no levels stored)."""
+        objective = Objective(self.objectives[0])
+
+        def per_level(c: Engines) -> dict[int, float] | None:
+            ms = [m for n in c.numbers if (r := self._row(n)) is not None and r.trial_id is not None
+                  and (m := self.store.measurement(r.trial_id)) is not None]
+            try:
+                each = [lv for m in ms if (lv := objective.of_levels(m)) is not None]
+            except EngineError:
+                return None
+            return {b: statistics.fmean(lv[b] for lv in each) for b in each[0]} if each else None
+
+        configs = self.engines()
+        base_c = next((c for c in configs if c.row.is_baseline), None)
+        chosen = next((c for c in configs if c.row.number == choice.row.number), None)
+        if base_c is None or chosen is None or (base := per_level(base_c)) is None \
+                or (mine := per_level(chosen)) is None:
+            return None
+        m = self.store.measurement(chosen.row.trial_id) if chosen.row.trial_id is not None else None
+        weights = m.workload.weights() if m is not None else {}
+        others = {c.row.label: lv for c in configs if c.feasible and (lv := per_level(c)) is not None}
+        out = []
+        for b, v in mine.items():
+            def gain(x: float, b: int = b) -> float:
+                return speedup(self.maximize, x, base[b])
+            best, best_v = max(((label, lv[b]) for label, lv in others.items() if b in lv),
+                               key=lambda item: gain(item[1]), default=(chosen.row.label, v))
+            out.append(LevelRow(b, weights.get(b, math.nan), v, base[b], gain(v), best, gain(best_v)))
+        return out
+
+    def _row(self, number: int) -> TrialRow | None:
+        return next((r for r in self.rows if r.number == number), None)
 
     def contenders(self, *, on_front: Collection[int] = ()) -> tuple[Engines | None, list[Engines], bool]:
         """What :meth:`best` chooses among: the baseline (None before it completed), the

@@ -60,13 +60,16 @@ def window_stats(result: LoadResult) -> WindowStats:
     )
 
 
-def level_stats(concurrency: int, result: LoadResult, acceptance: AcceptanceStats | None) -> LevelStats:
+def level_stats(concurrency: int, result: LoadResult, acceptance: AcceptanceStats | None,
+                engine_timing: EngineTimingStats | None = None) -> LevelStats:
     """One level of a sweep: its window's figures and its own counters."""
     w = window_stats(result)
     n = len(result.records)
     return LevelStats(concurrency=concurrency, num_requests=n, num_failed=n - len(result.succeeded),
                       duration_seconds=w.duration_seconds, output_throughput=w.output_throughput,
-                      tpot_median_ms=w.tpot_median_ms, ttft_median_ms=w.ttft_median_ms, acceptance=acceptance)
+                      tpot_median_ms=w.tpot_median_ms, ttft_median_ms=w.ttft_median_ms, acceptance=acceptance,
+                      tpot_p99_ms=w.tpot_p99_ms, ttft_p99_ms=w.ttft_p99_ms, e2el_median_ms=w.e2el_median_ms,
+                      e2el_p99_ms=w.e2el_p99_ms, engine_timing=engine_timing)
 
 
 def request_sample(r: RequestRecord) -> RequestSample:
@@ -256,8 +259,10 @@ class _Run:
         for level, prompts in sweep.items():
             before = fetch_counters(self.server.base_url)
             res = self._load(prompts, concurrency=level)
-            acc = (fetch_counters(self.server.base_url) - before).acceptance()
-            levels.append(level_stats(level, res, AcceptanceStats(**vars(acc)) if acc else None))
+            counters = fetch_counters(self.server.base_url) - before
+            acc, timing = counters.acceptance(), counters.timing()
+            levels.append(level_stats(level, res, AcceptanceStats(**vars(acc)) if acc else None,
+                                      EngineTimingStats(**vars(timing)) if timing else None))
         return levels
 
 

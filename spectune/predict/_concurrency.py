@@ -16,7 +16,8 @@ a proposer's own work (a draft model's forward passes) grows like a step. So::
 at the study's concurrency ``b1``, with ``rho >= 0`` the proposer's own work relative to
 verification, fitted per method on the speculative trials' sweeps (each trial's ``x`` at its
 levels against the baseline's ``t0`` at the same level, as a ratio to its own ``x(b1)``).
-A method without sweeps gets ``rho = 0``: pure verification, the roofline.
+A method without sweeps of its own gets ``rho`` fitted on every method's sweeps pooled, and
+``rho = 0`` (pure verification, the roofline) before any speculative trial swept.
 
 Output throughput at ``b`` is ``thr0(b) t0(b) / TPOT(b)`` with ``thr0`` the baseline's measured
 throughput at ``b``, or between levels ``b / t0(b)`` times the baseline's decode efficiency
@@ -97,7 +98,9 @@ class LevelPrediction:
     tpot_ms: Estimate
     output_throughput: Estimate
     scale_source: str
-    """``fit``: ``rho`` fitted on this method's sweeps; ``roofline``: ``rho = 0`` assumed."""
+    """``fit``: ``rho`` fitted on this method's sweeps; ``fit-pooled``: on every method's (this
+    one has none yet); ``roofline``: ``rho = 0`` assumed (no sweep of any speculative trial);
+    ``measured``: not predicted, measured there (:meth:`~spectune.predict.StudyInputs.at_concurrency`)."""
 
 
 @dataclass
@@ -112,9 +115,10 @@ class ConcurrencyModel:
     baseline_levels: dict[int, tuple[float, float]]
     """Measured ``level -> (median TPOT ms, output tokens/s)`` of the baseline, the study's
     concurrency (its headline, what predictions there rest on) included."""
-    rho: dict[Method, tuple[float, int]] = field(default_factory=dict)
-    """``method -> (rho, trials it rests on)``, fitted on TPOT."""
-    rho_throughput: dict[Method, tuple[float, int]] = field(default_factory=dict)
+    rho: dict[Method | None, tuple[float, int]] = field(default_factory=dict)
+    """``method -> (rho, trials it rests on)``, fitted on TPOT; ``None``: every method's sweeps
+    pooled, for a method with none of its own."""
+    rho_throughput: dict[Method | None, tuple[float, int]] = field(default_factory=dict)
     """The same, fitted on output throughput."""
 
     def t0(self, batch: int) -> float:
@@ -139,10 +143,11 @@ class ConcurrencyModel:
     def scale(self, method: Method, batch: int, of: str = "tpot") -> tuple[float, str]:
         """``g(b)`` of ``method`` for TPOT (``of="tpot"``) or throughput, and where its ``rho``
         comes from."""
-        rho, n = (self.rho if of == "tpot" else self.rho_throughput).get(method, (0.0, 0))
+        fits = self.rho if of == "tpot" else self.rho_throughput
+        rho, n = fits.get(method) or fits.get(None) or (0.0, 0)
         s1 = self.step.share(self.study_concurrency)
         g = (rho + self.step.share(batch)) / (rho + s1) if rho + s1 > 0 else 1.0
-        return g, "fit" if n else "roofline"
+        return g, ("fit" if method in fits else "fit-pooled") if n else "roofline"
 
     def predict(self, prediction: Prediction, batch: int) -> LevelPrediction:
         """``prediction`` (made at the study's concurrency) moved to ``batch``.
@@ -235,7 +240,10 @@ def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> C
             if points:
                 ratios.setdefault(m.spec.method, []).extend(points)
                 counts[m.spec.method] = counts.get(m.spec.method, 0) + 1
-        fitted = {method: (_fit_rho(points), counts[method]) for method, points in ratios.items()}
+        fitted: dict[Method | None, tuple[float, int]] = {
+            method: (_fit_rho(points), counts[method]) for method, points in ratios.items()}
+        if ratios:  # every method's sweeps pooled: for a method not swept yet
+            fitted[None] = (_fit_rho([p for points in ratios.values() for p in points]), sum(counts.values()))
         if kind == "tpot":
             model.rho = fitted
         else:

@@ -22,6 +22,7 @@ Cost from :class:`~spectune.predict.CostModel` (fitted on the study's measured t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -224,7 +225,7 @@ def _objective_scaler(objective: str, baseline: Measurement) -> tuple[float, Cal
 
     if objective not in _OBJECTIVES:
         raise ConfigError(f"cannot predict objective {objective!r} (known: {', '.join(_OBJECTIVES)})")
-    base = Objective(objective).of(baseline)
+    base = Objective(objective).of_headline(baseline)
     if objective == "output_throughput":
         return base, lambda r: base / r
     if objective.startswith("tpot"):
@@ -320,11 +321,49 @@ class StudyInputs:
     """How much the study's engine starts of one configuration differ (None: none measured twice)."""
 
     def predict(self, candidates: Sequence[SpecConfig] | None = None) -> list[Prediction]:
-        """Predictions of ``candidates`` (default: every unmeasured one), best first."""
-        return predict_candidates(self.candidates if candidates is None else candidates, self.baseline,
-                                  self.measured, objective=self.objective, maximize=self.maximize,
-                                  learned=self.learned, features=self.features, drafts=self.drafts,
-                                  engine_spread=self.engine_spread)
+        """Predictions of ``candidates`` (default: every unmeasured one), best first; over a load
+        mix, of the mix (:meth:`over_mix`)."""
+        return self.over_mix(predict_candidates(
+            self.candidates if candidates is None else candidates, self.baseline, self.measured,
+            objective=self.objective, maximize=self.maximize, learned=self.learned, features=self.features,
+            drafts=self.drafts, engine_spread=self.engine_spread))
+
+    def over_mix(self, predictions: Sequence[Prediction]) -> list[Prediction]:
+        """``predictions`` (made at the headline concurrency) with their value over the study's load
+        mix (:attr:`~spectune.config.WorkloadSpec.is_mix`), best first: moved to each level
+        (:class:`ConcurrencyModel`), each level's ratio to the baseline's there applied to the
+        baseline's measured value at that level, weighted as :meth:`Objective.of` weights the
+        measured ones. Throughput moves with the throughput, TPOT with the TPOT, the other
+        latencies keep their headline ratio. Unchanged when the study is no mix."""
+        from spectune.measurement import Objective
+
+        objective = Objective(self.objective)
+        base_levels = objective.of_levels(self.baseline) if self.baseline.levels else None
+        model = self.concurrency_model() if base_levels else None
+        if base_levels is None or model is None:
+            return list(predictions)
+        weights = self.baseline.workload.weights()
+        head = objective.of_headline(self.baseline)
+
+        def ratios(p: Prediction, c: int) -> tuple[float, float, float]:
+            lp = model.predict(p, c)
+            if objective is Objective.OUTPUT_THROUGHPUT:
+                est, base = lp.output_throughput, model.baseline_throughput(c)
+            elif objective.value.startswith("tpot"):
+                est, base = lp.tpot_ms, model.t0(c)
+            else:
+                est, base = p.value, head
+            return est.value / base, est.low / base, est.high / base
+
+        out = []
+        for p in predictions:
+            per_level = {c: ratios(p, c) for c in weights}
+            whole = [math.exp(math.fsum(w * math.log(max(base_levels[c] * per_level[c][i], 1e-300))
+                                        for c, w in weights.items())) for i in range(3)]
+            out.append(dataclasses.replace(p, value=Estimate(whole[0], min(whole), max(whole))))
+        sign = -1.0 if self.maximize else 1.0
+        out.sort(key=lambda p: (sign * p.value.value if math.isfinite(p.value.value) else math.inf, p.label))
+        return out
 
     def errors(self) -> PredictionErrors | None:
         """How far predictions miss on this study's own model, workload and machine: each measured
@@ -339,9 +378,9 @@ class StudyInputs:
         for key, engines in groups.items():
             others = [m for k, ms in groups.items() if k != key for m in ms]
             truth = measured_prediction(engines, self.objective)
-            predicted = predict_candidates([engines[0].spec], self.baseline, others, objective=self.objective,
-                                           maximize=self.maximize, learned=self.learned, features=self.features,
-                                           drafts=self.drafts, engine_spread=self.engine_spread)
+            predicted = self.over_mix(predict_candidates(
+                [engines[0].spec], self.baseline, others, objective=self.objective, maximize=self.maximize,
+                learned=self.learned, features=self.features, drafts=self.drafts, engine_spread=self.engine_spread))
             if truth is not None and predicted:
                 rows.append((engines[0].spec.label(), predicted[0], truth))
         return summarize_errors(self.objective, rows)
@@ -374,4 +413,15 @@ class StudyInputs:
                 "other levels need a sweep (workload.concurrency_levels, two levels at least)")
         if any(b < 1 for b in levels):
             raise ConfigError(f"concurrency levels must be >= 1, got {list(levels)}")
-        return [[model.predict(p, b) for b in levels] for p in predictions]
+        return [[self._measured_at(p, b) or model.predict(p, b) for b in levels] for p in predictions]
+
+    def _measured_at(self, p: Prediction, batch: int) -> LevelPrediction | None:
+        """A measured configuration at a level its sweep measured: its mean over its engines there."""
+        if p.source != "measured":
+            return None
+        engines = [m for m in self.measured if m.spec.label() == p.label]
+        level = mean_over_engines(engines).at_concurrency(batch) if engines else None
+        if level is None or not level.tpot_median_ms:
+            return None
+        t, thr = level.tpot_median_ms, level.output_throughput
+        return LevelPrediction(batch, Estimate(t, t, t), Estimate(thr, thr, thr), "measured")

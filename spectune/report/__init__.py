@@ -30,7 +30,7 @@ from spectune.report._figures import (
     figures,
 )
 from spectune.report._pages import render_html, render_markdown, write_report
-from spectune.report._text import best_config_yaml
+from spectune.report._text import best_config_yaml, level_rows
 
 __all__ = [
     "FIGURE_IDS",
@@ -43,6 +43,7 @@ __all__ = [
     "fig_speedup_vs_k",
     "fig_throughput_vs_latency",
     "figures",
+    "level_rows",
     "render_html",
     "render_markdown",
     "serve_dashboard",

@@ -15,7 +15,7 @@ from spectune._util import atomic_write_text
 from spectune.errors import ConfigError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
-from spectune.report._text import best_config_yaml, best_line, decide, fmt
+from spectune.report._text import best_config_yaml, best_line, decide, fmt, level_rows
 from spectune.results import engine_spread_note, prediction_errors_note, stop_note
 from spectune.storage import safe_url
 
@@ -180,6 +180,11 @@ def render_html(view: StudyView) -> str:
             parts.append(f"<p id='prediction-errors'>{e(errors)}</p>")
         if (stopped := stop_note(view)) is not None:
             parts.append(f"<p id='stop'>{e(stopped)}</p>")
+        if (mix := level_rows(view)) is not None:
+            parts.append(f"<h3>At each level of the load mix ({e(view.objectives[0])})</h3><table id='levels'><tr>"
+                         + "".join(f"<th>{e(h)}</th>" for h in mix[0]) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in mix[1])
+                         + "</table>")
         if ctx.yaml is not None:
             parts.append(f"<p>As <code>vllm serve --config best.yaml</code>:</p><pre>{e(ctx.yaml)}</pre>")
     parts.append("<h2>Figures</h2><div class='figs'>")
@@ -230,6 +235,9 @@ def render_markdown(view: StudyView) -> str:
             lines += [errors, ""]
         if (stopped := stop_note(view)) is not None:
             lines += [stopped, ""]
+        if (mix := level_rows(view)) is not None:
+            lines += [f"At each level of the load mix ({view.objectives[0]}):", "", "| " + " | ".join(mix[0]) + " |", "|" + "---|" * len(mix[0])]
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in mix[1]] + [""]
         if ctx.yaml is not None:
             lines += ["```yaml", ctx.yaml.rstrip(), "```", ""]
     header = _trial_header(view)

