@@ -9,6 +9,7 @@ atomically: a failed export leaves an earlier file intact.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
@@ -53,9 +54,14 @@ def _provenance_path(path: Path) -> Path:
 
 
 def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_batch: int) -> dict[str, Any]:
-    """The ``num_speculative_tokens_per_batch_size`` schedule of the measured candidate ``m``,
-    from its per-position acceptance and its proposer's cost ``c`` fitted on the study's trials
-    (:func:`spectune.predict.derive_schedule`), with what it rests on.
+    """The ``num_speculative_tokens_per_batch_size`` schedule of the measured candidate ``m``, with
+    what it rests on.
+
+    A study that swept concurrency levels measured each level's step cost and acceptance: the
+    schedule comes from those (:func:`spectune.predict._schedule.measured_schedule`, over every
+    ``k`` the study measured of ``m``'s proposer). Without a sweep, from its per-position
+    acceptance and the proposer's cost ``c`` at the study's one concurrency, moved to other batch
+    sizes by the roofline's shape (:func:`spectune.predict.derive_schedule`).
 
     Raises:
         ConfigError: ``m`` has no acceptance counters or baseline TPOT to derive it from.
@@ -66,7 +72,8 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
         fit_concurrency,
         fit_cost_model,
     )
-    from spectune.predict._measured import effective_k, measured_profile
+    from spectune.predict._measured import effective_k, measured_profile, proposer_of
+    from spectune.predict._schedule import level_costs, measured_schedule
 
     profile = measured_profile(m)
     t0 = baseline.tpot_ms.median
@@ -74,9 +81,22 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     if profile is None or not profile.per_position or not t0 or not k:
         raise ConfigError(f"{m.spec.label()}: no acceptance counters or baseline TPOT to derive a batch schedule from")
     measured = view.speculative_measurements()
+    sweep = fit_concurrency(baseline, measured)
+    same = [other for other in measured if proposer_of(other.spec) == proposer_of(m.spec)
+            and other.engine.model_dump(exclude={"host", "env"}) == m.engine.model_dump(exclude={"host", "env"})]
+    costs = level_costs(baseline, same) if sweep is not None else []
+    if len(costs) >= 2:  # up to the largest k measured of the proposer at every level, the choice's or not
+        max_k = min(lc.profile.k for lc in costs)
+        schedule = measured_schedule(costs, max_k=max_k, max_batch=max_batch,
+                                     scale=lambda b: sweep.scale(m.spec.method, b)[0])
+        return {"num_speculative_tokens_per_batch_size": schedule.to_vllm(), "max_batch": max_batch,
+                "levels": [lc.record() for lc in costs],
+                "model": "measured at each level: t(b,k)/t(b,0) = 1 + overhead(b) + c(b) d, fitted over the "
+                         f"proposer's k = {', '.join(map(str, sorted({x for lc in costs for x in lc.ks})))}; "
+                         "k(b) maximises tokens per step over step time (spectune.predict._schedule); between "
+                         "levels interpolated in log b, beyond them moved by the sweep model's growth"}
     points = [p for other in measured if (p := CostPoint.from_measurement(other)) is not None]
     cost = fit_cost_model(t0, baseline.output_throughput, points).proposers[(m.spec.method, m.spec.model)]
-    sweep = fit_concurrency(baseline, measured)
     cost_at = None
     if sweep is not None:
         def cost_at(b: int) -> float:
@@ -150,8 +170,11 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     schedule = None
     if schedule_max_batch is not None and not choice.is_baseline:
         schedule = batch_schedule(view, m, base_m, schedule_max_batch)
-        config["speculative-config"]["num_speculative_tokens_per_batch_size"] = \
-            schedule["num_speculative_tokens_per_batch_size"]
+        ranges = schedule["num_speculative_tokens_per_batch_size"]
+        spec_cfg = config["speculative-config"]
+        spec_cfg["num_speculative_tokens_per_batch_size"] = ranges
+        if "num_speculative_tokens" in spec_cfg and (top := max(k for _, _, k in ranges)) > 0:
+            spec_cfg["num_speculative_tokens"] = top  # vLLM's upper limit: the schedule's largest k
     chosen, baseline = _engine_records(view, row), _engine_records(view, choice.baseline)
     objective = view.objectives[0]
     header = [
@@ -161,10 +184,15 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         + (f" (mean of {len(choice.engines)} engines)" if len(choice.engines) > 1 else ""),
         f"decision: {choice.reason}",
         f"workload {m.workload.source}: {m.num_requests} requests, max_tokens {m.workload.sampling.max_tokens}, "
-        f"temperature {m.workload.sampling.temperature}, concurrency {m.concurrency}",
+        f"temperature {m.workload.sampling.temperature}, "
+        + (f"a load mix of concurrency {', '.join(f'{c} ({w:.0%})' for c, w in m.workload.weights().items())}"
+           if m.workload.is_mix else f"concurrency {m.concurrency}"),
         f"measured with vLLM {m.versions.vllm}, torch {m.versions.torch}, spectune {m.versions.spectune} "
         f"on {m.hardware.platform}: {m.hardware.cpu}" + (f", {', '.join(m.hardware.gpus)}" if m.hardware.gpus else ""),
         *(f"{key} set by spectune for this platform, {why}" for key, why in m.engine_defaults.items()),
+        *([f"num_speculative_tokens_per_batch_size: k by batch size, "
+           f"{'measured at concurrency ' + ', '.join(str(lv['batch']) for lv in schedule['levels']) if 'levels' in schedule else 'from the cost model'}"
+           f"; num_speculative_tokens is its largest k"] if schedule else []),
         f"full record: {_provenance_path(path).name}",
     ]
     text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(config, sort_keys=False)
@@ -192,6 +220,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         "hardware": m.hardware.model_dump(),
         "vllm_config": config,
         "batch_schedule": schedule,
+        "levels": [dataclasses.asdict(lv) for lv in levels] if (levels := view.levels(choice)) else None,
     }
     prov = _provenance_path(path)
     try:

@@ -1,11 +1,13 @@
-"""A ``num_speculative_tokens_per_batch_size`` schedule for vLLM, derived from the cost model.
+"""A ``num_speculative_tokens_per_batch_size`` schedule for vLLM: from what a concurrency sweep
+measured at each level (:func:`level_costs`, :func:`measured_schedule`), else from the cost
+model at one concurrency and the roofline's shape (:func:`derive_schedule`).
 
 vLLM (``SpeculativeConfig.num_speculative_tokens_per_batch_size``) takes a list of inclusive
 batch-size ranges ``[range_start, range_end, k]`` and drafts ``k`` tokens (0: none) when the
 running batch has that many requests; ``num_speculative_tokens`` stays the upper limit.
 
-The study measures ``c``, the cost of one drafted token relative to a target step, at one
-concurrency ``b1``. A decode step costs a fixed part ``A`` (reading the weights) plus a part
+Without a sweep, the study measures ``c``, the cost of one drafted token relative to a target
+step, at one concurrency ``b1``. A decode step costs a fixed part ``A`` (reading the weights) plus a part
 ``B`` per token the batch processes; speculation makes each of the ``b`` requests process
 ``k + 1`` tokens, so::
 
@@ -22,12 +24,18 @@ speculative part grew with the batch there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spectune.predict._acceptance import AcceptanceProfile
 
-__all__ = ["BatchSchedule", "batch_cost", "derive_schedule"]
+if TYPE_CHECKING:
+    from spectune.measurement import LevelStats, Measurement
+
+__all__ = ["BatchSchedule", "LevelCost", "batch_cost", "derive_schedule", "level_costs", "level_profile",
+           "measured_schedule"]
 
 _C_MIN, _C_MAX = 1e-6, 0.999
 
@@ -104,3 +112,143 @@ def derive_schedule(
         else:
             ranges.append((b, b, k))
     return BatchSchedule(ranges=ranges, c1=c1, measured_concurrency=measured_concurrency, max_k=max_k)
+
+
+# -- from what a sweep measured ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LevelCost:
+    """One proposer's step cost at one measured batch size: ``t(b, k) / t(b, 0) = 1 + overhead +
+    c d`` with ``d`` the drafted tokens per step, fitted over the proposer's trials (several ``k``
+    give both parts; one gives ``c`` alone), and its acceptance there."""
+
+    batch: int
+    overhead: float
+    c: float
+    profile: AcceptanceProfile
+    """Acceptance at this level, from the level's own counters (the largest ``k`` measured)."""
+    source: str
+    """``engine``: step times from the engine core's own time per output token; ``client``: from
+    the output throughput the client measured."""
+    ks: tuple[int, ...]
+
+    def gain(self, k: int, overhead: float | None = None, c: float | None = None) -> float:
+        """Tokens per unit of baseline step time at ``k`` (0: 1, no speculation)."""
+        if k == 0:
+            return 1.0
+        p = self.profile.truncated(k)
+        o = self.overhead if overhead is None else overhead
+        return p.tokens_per_step / (1.0 + o + (self.c if c is None else c) * p.drafted_per_step)
+
+    def record(self) -> dict[str, object]:
+        return {"batch": self.batch, "overhead": self.overhead, "c": self.c, "source": self.source,
+                "ks": list(self.ks), "mean_acceptance_length": self.profile.mean_acceptance_length}
+
+
+def level_profile(level: LevelStats) -> AcceptanceProfile | None:
+    """Acceptance at one level of a sweep, with the share of its decode steps that drafted
+    (as :func:`~spectune.predict._measured.measured_profile`, from the level's own counts)."""
+    acc = level.acceptance
+    if acc is None or acc.num_drafts <= 0:
+        return None
+    ok = level.num_requests - level.num_failed
+    decode_tokens = level.output_throughput * level.duration_seconds - ok
+    steps = decode_tokens - acc.num_accepted_tokens
+    share = min(1.0, acc.num_drafts / steps) if steps > 0 else 1.0
+    return AcceptanceProfile(tuple(acc.per_position), draft_share=share,
+                             mean_draft_length=acc.num_draft_tokens / acc.num_drafts)
+
+
+def _step_ratio(level: LevelStats, base: LevelStats, e: float, engine: bool) -> float | None:
+    """``t(b, k) / t(b, 0)``: tokens per step times the ratio of times per token."""
+    if engine:
+        tk = level.engine_timing.tpot_ms if level.engine_timing else None
+        t0 = base.engine_timing.tpot_ms if base.engine_timing else None
+        return e * tk / t0 if tk and t0 else None
+    return e * base.output_throughput / level.output_throughput if level.output_throughput > 0 else None
+
+
+def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(overhead, c)`` of ``x = overhead + c d`` by least squares, neither below 0 (a single
+    ``d``, or a line falling with ``d``: through the origin)."""
+    ds = {d for d, _ in points}
+    if len(ds) >= 2:
+        md = sum(d for d, _ in points) / len(points)
+        mx = sum(x for _, x in points) / len(points)
+        c = sum((d - md) * (x - mx) for d, x in points) / sum((d - md) ** 2 for d, _ in points)
+        o = mx - c * md
+        if c >= 0 and o >= 0:
+            return o, c
+    c = sum(d * x for d, x in points) / sum(d * d for d, _ in points)
+    return 0.0, max(c, 0.0)
+
+
+def level_costs(baseline: Measurement, engines: Sequence[Measurement]) -> list[LevelCost]:
+    """The step cost of one proposer (``engines``: its measurements, any ``k``) at each level both
+    it and the baseline measured, in batch order. Step times come from the engine core's timing
+    where the baseline and every trial at that level report it, else from the client's throughput."""
+    out = []
+    for base in baseline.levels or []:
+        pairs = [(lv, p) for m in engines if (lv := m.at_concurrency(base.concurrency)) is not None
+                 and (p := level_profile(lv)) is not None]
+        if not pairs or base.output_throughput <= 0:
+            continue
+        engine = base.engine_timing is not None and all(lv.engine_timing is not None for lv, _ in pairs)
+        points = [(p.drafted_per_step, r - 1.0) for lv, p in pairs
+                  if (r := _step_ratio(lv, base, p.tokens_per_step, engine)) is not None]
+        if not points:
+            continue
+        o, c = _fit_line(points)
+        longest = max(pairs, key=lambda pair: pair[1].k)[1]
+        out.append(LevelCost(base.concurrency, o, c, longest, "engine" if engine else "client",
+                             tuple(sorted({p.k for _, p in pairs}))))
+    return out
+
+
+def measured_schedule(costs: Sequence[LevelCost], *, max_k: int, max_batch: int = 256,
+                      scale: Callable[[int], float] | None = None) -> BatchSchedule:
+    """The batch-size schedule from the step costs a sweep measured (:func:`level_costs`).
+
+    At a measured batch size, the ``k`` (0 included) with the most tokens per unit of baseline
+    step time; between two, the cost's parts interpolated in ``log b`` and the nearer level's
+    acceptance; beyond the measured ones, the nearest level's cost moved by ``scale(b) /
+    scale(edge)`` (the sweep model's growth with the batch, :class:`ConcurrencyModel`), or held.
+
+    Raises:
+        ValueError: no level measured, ``max_k`` beyond the measured profiles, or ``max_batch`` < 1.
+    """
+    if not costs:
+        raise ValueError("no level of the sweep measured this proposer and the baseline")
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    costs = sorted(costs, key=lambda lc: lc.batch)
+    if not 1 <= max_k <= min(lc.profile.k for lc in costs):
+        raise ValueError(f"max_k must be in 1..{min(lc.profile.k for lc in costs)}, got {max_k}")
+
+    def k_at(b: int) -> int:
+        lo = max((lc for lc in costs if lc.batch <= b), key=lambda lc: lc.batch, default=None)
+        hi = min((lc for lc in costs if lc.batch >= b), key=lambda lc: lc.batch, default=None)
+        if lo is None or hi is None:  # beyond the measured levels
+            edge = hi or lo
+            assert edge is not None
+            g = scale(b) / scale(edge.batch) if scale is not None and scale(edge.batch) > 0 else 1.0
+            here, o, c = edge, edge.overhead * g, edge.c * g
+        elif lo is hi:
+            here, o, c = lo, lo.overhead, lo.c
+        else:
+            w = (math.log(b) - math.log(lo.batch)) / (math.log(hi.batch) - math.log(lo.batch))
+            here = lo if w < 0.5 else hi
+            o, c = lo.overhead + w * (hi.overhead - lo.overhead), lo.c + w * (hi.c - lo.c)
+        gains = [here.gain(k, o, c) for k in range(max_k + 1)]
+        return max(range(max_k + 1), key=lambda k: (gains[k], -k))  # ties: the smaller k
+
+    ranges: list[tuple[int, int, int]] = []
+    for b in range(1, max_batch + 1):
+        k = k_at(b)
+        if ranges and ranges[-1][2] == k:
+            ranges[-1] = (ranges[-1][0], b, k)
+        else:
+            ranges.append((b, b, k))
+    first = costs[0]
+    return BatchSchedule(ranges=ranges, c1=first.c, measured_concurrency=first.batch, max_k=max_k)

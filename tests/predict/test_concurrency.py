@@ -222,7 +222,9 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
     from spectune.export import batch_schedule
 
     schedule = batch_schedule(view, ngram, base, 16)
-    assert "sweep at concurrency 1, 4" in schedule["model"]
+    assert schedule["model"].startswith("measured at each level")  # from the sweep's own step costs
+    assert [lv["batch"] for lv in schedule["levels"]] == [1, 4] and {lv["source"] for lv in schedule["levels"]} == {"engine"}
+    assert all(lv["ks"] == [3] and lv["overhead"] == 0.0 and lv["c"] >= 0 for lv in schedule["levels"])
     ranges = schedule["num_speculative_tokens_per_batch_size"]
     assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]
     assert ranges[0][0] == 1 and ranges[-1][1] == 16

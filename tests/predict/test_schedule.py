@@ -7,13 +7,16 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import LANDSCAPE
 
 from spectune.landscape import Landscape
+from spectune.measurement import AcceptanceStats, EngineTimingStats, LevelStats, Measurement
 from spectune.predict import (
     AcceptanceProfile,
     batch_cost,
     derive_schedule,
 )
+from spectune.predict._schedule import level_costs, measured_schedule
 from spectune.results import open_study
 from spectune.worker import run_study
 
@@ -72,3 +75,99 @@ def test_export_adds_a_batch_schedule_vllm_accepts(landscape: Landscape, tmp_pat
     assert record["num_speculative_tokens_per_batch_size"] == schedule and record["c_from_trials"] >= 1
     plain = export_best(view, tmp_path / "plain.yaml")
     assert "num_speculative_tokens_per_batch_size" not in plain.config["speculative-config"]
+
+
+
+# -- from what a sweep measured -----------------------------------------------------------------
+
+PER_POSITION = (0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.07, 0.04)
+LAW = {1: (0.02, 0.01), 4: (0.05, 0.04), 16: (0.15, 0.12)}
+"""Each level's true ``(overhead, c)``: drafting gets dearer with the batch."""
+
+
+def t0(b: int) -> float:
+    return 2.0 + 0.3 * b
+
+
+def _level(b: int, k: int | None, engine: bool) -> LevelStats:
+    """A level measured under :data:`LAW`: 100 drafts of ``k`` tokens (None: the baseline) on 8
+    requests, every decode step drafted; with the engine core's timing or without."""
+    a = sum(PER_POSITION[:k]) if k else 0.0
+    ratio = 1.0 + LAW[b][0] + LAW[b][1] * k if k else 1.0  # t(b, k) / t(b, 0)
+    tpot = t0(b) * ratio / (1 + a)
+    thr = 1000.0 * b / tpot
+    tokens = 100 * (1 + a) + 8  # decode steps and each request's first token
+    acc = AcceptanceStats(num_drafts=100, num_draft_tokens=100 * k, num_accepted_tokens=round(100 * a),
+                          acceptance_rate=a / k, mean_acceptance_length=1 + a,
+                          per_position=list(PER_POSITION[:k])) if k else None
+    return LevelStats(concurrency=b, num_requests=8, num_failed=0, duration_seconds=tokens / thr, output_throughput=thr,
+                      tpot_median_ms=tpot, ttft_median_ms=5.0, acceptance=acc,
+                      engine_timing=EngineTimingStats(requests=8, prefill_ms=1.0, tpot_ms=tpot) if engine else None)
+
+
+def _swept(landscape_m: Measurement, k: int | None, engine: bool) -> Measurement:
+    return landscape_m.model_copy(update={"levels": [_level(b, k, engine) for b in LAW], "concurrency": 1})
+
+
+@pytest.mark.parametrize("engine", [True, False])
+def test_level_costs_recover_each_levels_step_cost(engine: bool) -> None:
+    m = Landscape.load(LANDSCAPE).points[0].measurement
+    assert m is not None
+    base = _swept(m, None, engine)
+    costs = level_costs(base, [_swept(m, k, engine) for k in (2, 8)])
+    assert [lc.batch for lc in costs] == [1, 4, 16]
+    for lc in costs:
+        assert (lc.overhead, lc.c) == (pytest.approx(LAW[lc.batch][0], abs=2e-3), pytest.approx(LAW[lc.batch][1], abs=5e-4))
+        assert lc.source == ("engine" if engine else "client") and lc.ks == (2, 8) and lc.profile.k == 8
+    one = level_costs(base, [_swept(m, 4, engine)])  # one k: its cost is all c
+    assert all(lc.overhead == 0.0 and lc.c == pytest.approx((LAW[lc.batch][0] + 4 * LAW[lc.batch][1]) / 4, rel=0.02)
+               for lc in one)
+
+
+def test_measured_schedule_takes_the_best_k_at_each_measured_level_and_vllm_accepts_it() -> None:
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    m = Landscape.load(LANDSCAPE).points[0].measurement
+    assert m is not None
+    costs = level_costs(_swept(m, None, True), [_swept(m, k, True) for k in (2, 8)])
+    schedule = measured_schedule(costs, max_k=8, max_batch=64, scale=lambda b: t0(b) / t0(1))
+    assert validate_and_normalize_dynamic_sd_schedule(schedule.to_vllm()) == schedule.ranges
+    profile = AcceptanceProfile(PER_POSITION)
+    for b, (o, c) in LAW.items():
+        gains = [1.0] + [profile.truncated(k).tokens_per_step / (1 + o + c * k) for k in range(1, 9)]
+        assert schedule.k_at(b) == max(range(9), key=lambda k: (gains[k], -k))
+    ks = [schedule.k_at(b) for b in range(1, 65)]
+    assert ks[0] > ks[15] >= ks[63]  # dearer drafting with the batch, beyond the last level too
+    with pytest.raises(ValueError, match="max_k must be in 1..8"):
+        measured_schedule(costs, max_k=9)
+    with pytest.raises(ValueError, match="no level"):
+        measured_schedule([], max_k=2)
+
+
+# -- on a real engine --------------------------------------------------------------------------
+
+
+@pytest.mark.engine
+def test_a_schedule_reaches_vllms_scheduler_and_k_follows_the_batch(tiny_models, tmp_path: Path) -> None:
+    """A draft model proposes exactly k tokens per draft, so vLLM's counters at each level tell the
+    k the scheduler used: the schedule's k for one request in flight, the other for eight."""
+    from conftest import tiny_engine_args
+
+    from spectune.config import Prompt, SpecConfig, WorkloadSpec
+    from spectune.trial import measure
+
+    prompts = [Prompt(id=f"p{i}", text=f"def f{i}(x):\n    y = x * {i}\n    return", max_tokens=24) for i in range(16)]
+    schedule = [[1, 1, 4], [2, 256, 1]]
+    spec = SpecConfig.model_validate({"method": "draft_model", "model": str(tiny_models.draft),
+                                      "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": schedule})
+    workload = WorkloadSpec(source="inline", concurrency_levels=[1, 8],
+                            sampling={"max_tokens": 24, "temperature": 0.0, "ignore_eos": True})
+    m = measure(tiny_engine_args(tiny_models.target), spec, workload, prompts, log_dir=tmp_path, repeats=1)
+    assert any("num_speculative_tokens_per_batch_size" in part for part in m.command)
+    quiet, busy = m.at_concurrency(1), m.at_concurrency(8)
+    assert quiet is not None and busy is not None and quiet.acceptance and busy.acceptance
+    k_quiet = quiet.acceptance.num_draft_tokens / quiet.acceptance.num_drafts
+    k_busy = busy.acceptance.num_draft_tokens / busy.acceptance.num_drafts
+    assert k_quiet == 4.0  # alone on the engine: every step drafted the schedule's k for batch 1
+    assert k_busy < 2.0  # eight in flight drafted 1; only the stragglers' steps, alone again, drafted 4
+    assert m.acceptance is not None and quiet.acceptance.num_drafts > 0 and busy.acceptance.num_drafts > 0
