@@ -25,7 +25,14 @@ After the baseline, every unmeasured candidate of the space is predicted
   machine where two engine starts of one configuration differ by more than the configurations
   do, one slow engine would otherwise fit its proposer's cost on that engine alone and skip
   every other setting of the proposer (one fast engine, everything else). The configuration
-  then counts with its mean, its noise with the spread between its engines.
+  then counts with its mean, its noise with the spread between its engines;
+- with several workers, the candidates running on the others count as if they had measured
+  what they are predicted to (a "kriging believer"): a candidate is worth starting only while
+  it could beat the pick *and* them (:func:`chance_to_beat_all`), so that no worker starts one
+  the running trials will likely make pointless; the uncertain pick passes over a proposer
+  that one of them is measuring already (its measurement calibrates the proposer's cost), and a
+  candidate whose acceptance a running one will give by truncation waits for it. Nothing is
+  committed: the plan is made again when one of them finishes.
 
 Pure functions of measurements: :func:`spectune.study.run_study` enqueues the picks as Optuna
 trials (with the prediction stored beside the measurement), and the search-efficiency
@@ -39,10 +46,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from spectune.predict._measured import effective_k, proposer_of
 from spectune.predict._prediction import Prediction
 
-__all__ = ["DEFAULT_MARGIN", "DEFAULT_STOP_CHANCE", "GuidePlan", "chance_to_beat", "plan_next",
-           "prediction_sd", "surprising"]
+__all__ = ["DEFAULT_MARGIN", "DEFAULT_STOP_CHANCE", "GuidePlan", "chance_to_beat", "chance_to_beat_all",
+           "plan_next", "prediction_sd", "surprising"]
 
 DEFAULT_MARGIN = 0.02
 """A candidate must be able to beat the best measured value by this much (relative) to be
@@ -58,7 +66,8 @@ Reason = Literal["promising", "uncertain"]
 
 @dataclass(frozen=True)
 class GuidePlan:
-    """The next candidate to measure (None: stop), why, and what the plan skipped."""
+    """The next candidate to measure (None: stop, or wait for the running trials), why, and what the
+    plan skipped."""
 
     pick: Prediction | None
     reason: Reason | None
@@ -99,6 +108,31 @@ def chance_to_beat(mean: float, sd: float, pick: float, pick_sd: float, *, toler
     return 0.5 * math.erfc(-gap / (sd_total * math.sqrt(2.0)))
 
 
+def chance_to_beat_all(mean: float, sd: float, rivals: Sequence[tuple[float, float]], *, tolerance: float,
+                       maximize: bool = True) -> float:
+    """The chance that a candidate believed normal(``mean``, ``sd``) beats every one of ``rivals``
+    ((mean, sd) each, independent normals) by more than ``tolerance``: :func:`chance_to_beat`
+    against the best of them, integrated over the candidate's belief (Gauss-Hermite, 40 nodes).
+    A rival whose mean or spread is not finite is beaten with chance 1, as there."""
+    rivals = [(m, s) for m, s in rivals if math.isfinite(m) and math.isfinite(s)]
+    if len(rivals) <= 1:
+        m, s = rivals[0] if rivals else (math.inf, 0.0)
+        return chance_to_beat(mean, sd, m, s, tolerance=tolerance, maximize=maximize)
+    if not math.isfinite(mean) or not math.isfinite(sd):
+        return 1.0
+    import numpy as np
+
+    scale = 1.0 + tolerance if maximize else 1.0 - tolerance
+    nodes, weights = np.polynomial.hermite_e.hermegauss(40)
+    xs = mean + sd * nodes  # the candidate's value at each node; it beats rival j when rival j < x / scale
+    inside = np.ones_like(xs)
+    for m, s in rivals:
+        z = (xs / scale - m) / s if s > 0 else np.where(xs / scale > m, np.inf, -np.inf)
+        below = 0.5 * np.array([math.erfc(-v / math.sqrt(2.0)) for v in z])  # P(rival < x / scale)
+        inside *= below if maximize else 1.0 - below
+    return float(np.clip(np.dot(weights, inside) / math.sqrt(2.0 * math.pi), 0.0, 1.0))
+
+
 def prediction_sd(p: Prediction, *, maximize: bool = True) -> float:
     """The standard deviation a prediction's interval stands for on the side that could beat
     the pick: its optimistic end taken as two standard deviations from its value."""
@@ -130,6 +164,7 @@ def plan_next(
     pick: float | None = None,
     pick_sd: float = 0.0,
     stop_chance: float = DEFAULT_STOP_CHANCE,
+    running: Sequence[Prediction] = (),
 ) -> GuidePlan:
     """Plan the next measurement among the unmeasured candidates' predictions ``ranking``
     (best first, as :func:`~spectune.predict.predict_candidates` returns them).
@@ -146,13 +181,23 @@ def plan_next(
     its lead is in question, and the candidate likeliest to take it is the most promising,
     whatever the step.
 
+    ``running``: the current predictions of the candidates running on other workers (against the
+    pick only). Each counts as a rival measured at its prediction: a candidate stays alive while
+    its chance of beating the pick and all of them exceeds ``stop_chance``
+    (:func:`chance_to_beat_all`), and the uncertain pick is not of a proposer (method and model)
+    one of them has; a candidate whose acceptance a running one will give by truncation (the
+    same proposer at a ``k`` as large, none replayed) is not picked: with nothing else alive the
+    plan has no pick (wait, where it would stop without ``running``). Without ``running`` the
+    plan is the one a single worker makes.
+
     Raises:
         ValueError: neither ``pick`` nor ``best`` given.
     """
     chances: dict[str, float] = {}
     if pick is not None:
-        chances = {p.label: chance_to_beat(p.value.value, prediction_sd(p, maximize=maximize), pick, pick_sd,
-                                           tolerance=margin, maximize=maximize) for p in ranking}
+        rivals = [(pick, pick_sd)] + [(r.value.value, prediction_sd(r, maximize=maximize)) for r in running]
+        chances = {p.label: chance_to_beat_all(p.value.value, prediction_sd(p, maximize=maximize), rivals,
+                                               tolerance=margin, maximize=maximize) for p in ranking}
         alive = [p for p in ranking if chances[p.label] > stop_chance]
     elif best is not None:
         alive = [p for p in ranking if could_beat(p, best, maximize=maximize, margin=margin)]
@@ -161,8 +206,28 @@ def plan_next(
     skipped = [p for p in ranking if p not in alive]
     if not alive:
         return GuidePlan(None, None, [], skipped, chances)
-    promising = alive[0]
-    uncertain = max(alive, key=lambda p: (relative_width(p), -alive.index(p)))
-    if step % 2 == 1 and not contested and relative_width(uncertain) > 2 * margin:
+    running = running if pick is not None else ()
+    free = [p for p in alive if not any(_truncates(r, p) for r in running)]
+    if not free:  # each candidate left waits for a running trial's acceptance
+        return GuidePlan(None, None, alive, skipped, chances)
+    promising = free[0]
+    measuring = {_proposer(r) for r in running}
+    unexplored = [p for p in free if _proposer(p) not in measuring]
+    uncertain = max(unexplored, key=lambda p: (relative_width(p), -free.index(p)), default=None)
+    if step % 2 == 1 and not contested and uncertain is not None and relative_width(uncertain) > 2 * margin:
         return GuidePlan(uncertain, "uncertain", alive, skipped, chances)
     return GuidePlan(promising, "promising", alive, skipped, chances)
+
+
+def _truncates(running: Prediction, p: Prediction) -> bool:
+    """Whether ``running``'s measurement will give ``p`` its acceptance by truncation (the same
+    proposer at a ``k`` as large), where ``p`` has none replayed: ``p`` then waits for it."""
+    if p.source == "replay" or proposer_of(running.spec) != proposer_of(p.spec):
+        return False
+    k, kr = effective_k(p.spec), effective_k(running.spec)
+    return k is not None and kr is not None and kr >= k
+
+
+def _proposer(p: Prediction) -> tuple[str, str | None]:
+    """What a cost is fitted for (:mod:`spectune.predict._cost`): the method and its model."""
+    return p.spec.method.value, p.spec.model

@@ -18,7 +18,8 @@ Every decision is computed from the study's trials, in this order:
    fresh engine, once the search has ended.
 
 A candidate running on another worker is never chosen again: guided search plans around it,
-and waits (:class:`Wait`) when nothing else is worth measuring until it finishes.
+counting it at what it is predicted to measure (:func:`spectune.predict.plan_next`'s
+``running``), and waits (:class:`Wait`) when nothing else is worth measuring until it finishes.
 """
 
 from __future__ import annotations
@@ -240,17 +241,20 @@ class StudyStrategy(SearchStrategy):
             return recheck
         inputs = study_inputs(view, confirmations=False, drafts=self.drafts)  # the search plans on its own measurements
         busy = {spec_key(t.rec.spec) for t in trials if t.in_flight and t.rec.spec}  # other workers' candidates
-        todo = [c for c in inputs.candidates if spec_key(c.to_vllm()) not in busy]
-        if not todo and inputs.candidates:
+        if inputs.candidates and all(spec_key(c.to_vllm()) in busy for c in inputs.candidates):
             return Wait("every candidate left is running on another worker")
+        # the running candidates predicted too: the plan counts them at what they will likely measure
+        predictions = inputs.predict()
+        running = [p for p in predictions if spec_key(p.spec.to_vllm()) in busy]
+        todo = [p for p in predictions if spec_key(p.spec.to_vllm()) not in busy]
         top = standing.top
         step = sum(1 for t in trials if t.rec.guided and t.rec.retry_of is None)
         # its best measured again before stopping, and the search goes on: no guided pick since then
         rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
         contested = rechecked is not None and not any(t.rec.guided and t.number > rechecked for t in trials)
-        plan = plan_next(inputs.predict(todo), maximize=maximize, step=step, contested=contested,
+        plan = plan_next(todo, maximize=maximize, step=step, contested=contested,
                          margin=standing.tolerance, pick=standing.pick, pick_sd=standing.pick_sd,
-                         stop_chance=STOP_CHANCE)
+                         stop_chance=STOP_CHANCE, running=running)
         unmeasured = max(plan.chances.values(), default=0.0)
         again = measured_again(trials)  # measured again already (a failed engine is data: not again)
         contenders = [(c, p) for c, p in standing.contenders() if c.row.number not in again]
@@ -266,6 +270,7 @@ class StudyStrategy(SearchStrategy):
                              f"({', '.join(self.space.knobs)}) from Optuna's {type(study.sampler).__name__}, "
                              "which spectune has no model of") if self.space.knobs else None,
             "candidates_left": len(plan.candidates),
+            "running": [p.label for p in running],  # counted at their predictions
             "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                          "optimistic": p.value.high if maximize else p.value.low, "source": p.source,
                          "chance": plan.chances.get(p.label)}
