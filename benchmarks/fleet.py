@@ -14,6 +14,10 @@ measured, and the final choice.
 
     .venv/bin/python benchmarks/fleet.py                      # tiny landscape, guided and grid, 1 and 3 workers
     .venv/bin/python benchmarks/fleet.py --storage postgresql+psycopg://postgres@127.0.0.1/test
+    .venv/bin/python benchmarks/fleet.py --sampler guided --repeat 3   # each study 3 times: thread timing varies
+
+With ``--repeat``, each study runs that many times in turn (1 and 3 workers alternating), and
+the summary gives each figure's median over the repeats.
 
 Writes benchmarks/results/fleet.json (with the date, the machine and its processor's features).
 """
@@ -24,6 +28,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import statistics
 import tempfile
 import threading
 import time
@@ -74,6 +79,27 @@ def _run(landscape: Landscape, storage: str, name: str, sampler: str, workers: i
     return {"wall_seconds": round(wall, 2), "finished": finished, "chosen": choice.row.label}
 
 
+def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each (sampler, workers)'s median figures over the repeats; "to best" and its ratio to one
+    worker's only where every repeat reached the best."""
+    out = []
+    for sampler, workers in dict.fromkeys((r["sampler"], r["workers"]) for r in rows):
+        mine = [r for r in rows if r["sampler"] == sampler and r["workers"] == workers]
+        reached = [r["wall_seconds_to_best"] for r in mine]
+        to_best = statistics.median(reached) if None not in reached else None
+        out.append({"sampler": sampler, "workers": workers, "repeats": len(mine),
+                    "wall_seconds": statistics.median(r["wall_seconds"] for r in mine),
+                    "trials_run": statistics.median(r["trials_run"] for r in mine),
+                    "trials_run_each": [r["trials_run"] for r in mine], "wall_seconds_to_best": to_best,
+                    "wall_seconds_to_best_each": reached})
+    for row in out:
+        one = next((r for r in out if r["sampler"] == row["sampler"] and r["workers"] == 1), None)
+        row["to_best_one_worker_over_this"] = (round(one["wall_seconds_to_best"] / row["wall_seconds_to_best"], 2)
+                                               if one and one["wall_seconds_to_best"] and row["wall_seconds_to_best"]
+                                               else None)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--landscape", default="tiny", help="benchmarks/landscapes/NAME.json")
@@ -82,6 +108,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--time-scale", type=float, default=0.02, help="Stand-in seconds per recorded engine second.")
     parser.add_argument("--storage", default=None, help="A database URL (default: a temporary SQLite file per study).")
+    parser.add_argument("--repeat", type=int, default=1, help="Run each study this many times.")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "fleet.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
@@ -97,33 +124,39 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="spectune-fleet-") as tmp:
         work = Path(tmp)
-        for sampler in args.sampler:
-            for workers in args.workers:
-                name = f"fleet-{sampler}-{workers}-{stamp}"
-                storage = args.storage or f"sqlite:///{work / (name + '.db')}"
-                run = _run(landscape, storage, name, sampler, workers, args.trials, args.time_scale, work)
-                order = sorted(run["finished"])
-                reached = next((i for i, (_, label, _) in enumerate(order) if label in good), None)
-                rows.append({
-                    "sampler": sampler, "workers": workers, "wall_seconds": run["wall_seconds"],
-                    "engine_seconds": round(sum(s for _, _, s in order), 1), "trials_run": len(order),
-                    "trials_to_best": None if reached is None else reached + 1,
-                    "wall_seconds_to_best": None if reached is None else round(order[reached][0], 2),
-                    "chosen": run["chosen"], "chosen_below_best": round(1 - means[run["chosen"]] / best, 4),
-                    "measured_in_order": [label for _, label, _ in order],
-                })
-                print(f"{sampler:6s} {workers} worker(s): {run['wall_seconds']:7.1f} s wall, {len(order):2d} trials, "
-                      f"best within 2 % after {rows[-1]['trials_to_best']} trials ({rows[-1]['wall_seconds_to_best']} s); "
-                      f"chose {run['chosen']}")
+        for repeat, sampler, workers in ((r, s, w) for r in range(args.repeat)
+                                         for s in args.sampler for w in args.workers):
+            name = f"fleet-{sampler}-{workers}-{stamp}-{repeat}"
+            storage = args.storage or f"sqlite:///{work / (name + '.db')}"
+            run = _run(landscape, storage, name, sampler, workers, args.trials, args.time_scale, work)
+            order = sorted(run["finished"])
+            reached = next((i for i, (_, label, _) in enumerate(order) if label in good), None)
+            rows.append({
+                "sampler": sampler, "workers": workers, "repeat": repeat, "wall_seconds": run["wall_seconds"],
+                "engine_seconds": round(sum(s for _, _, s in order), 1), "trials_run": len(order),
+                "trials_to_best": None if reached is None else reached + 1,
+                "wall_seconds_to_best": None if reached is None else round(order[reached][0], 2),
+                "chosen": run["chosen"], "chosen_below_best": round(1 - means[run["chosen"]] / best, 4),
+                "measured_in_order": [label for _, label, _ in order],
+            })
+            print(f"{sampler:6s} {workers} worker(s): {run['wall_seconds']:7.1f} s wall, {len(order):2d} trials, "
+                  f"best within 2 % after {rows[-1]['trials_to_best']} trials ({rows[-1]['wall_seconds_to_best']} s); "
+                  f"chose {run['chosen']}")
     for row in rows:
-        one = next((r for r in rows if r["sampler"] == row["sampler"] and r["workers"] == 1), None)
+        one = next((r for r in rows if r["sampler"] == row["sampler"] and r["workers"] == 1
+                    and r["repeat"] == row["repeat"]), None)
         row["speedup_over_one_worker"] = round(one["wall_seconds"] / row["wall_seconds"], 2) if one else None
+    summary = _summary(rows)
+    for row in summary:
+        print(f"median of {args.repeat}: {row['sampler']:6s} {row['workers']} worker(s): {row['wall_seconds']} s wall, "
+              f"{row['trials_run']} trials, best within 2 % after {row['wall_seconds_to_best']} s")
     out = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "landscape": args.landscape, "trials": args.trials, "time_scale": args.time_scale,
         "storage": "postgresql" if args.storage and args.storage.startswith("postgres") else "sqlite",
         "best": {"value": best, "within_2_percent": sorted(good)},
-        "versions": versions().model_dump(), "hardware": hardware().model_dump(), "runs": rows,
+        "repeat": args.repeat, "versions": versions().model_dump(), "hardware": hardware().model_dump(),
+        "summary": summary, "runs": rows,
     }
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
