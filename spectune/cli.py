@@ -83,6 +83,7 @@ def measure(
     concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight (with --request-rate: at most).")] = 1,
     request_rate: Annotated[Optional[float], typer.Option(
         help="Requests per second as Poisson arrivals (as vllm bench serve); default: all at once, --concurrency at a time.")] = None,
+    burstiness: Annotated[float, typer.Option(help="With --request-rate: gamma shape of the gaps between arrivals (1: Poisson; below 1: bursts), as vllm bench serve.")] = 1.0,
     temperature: Annotated[float, typer.Option(min=0.0)] = 0.0,
     api: Annotated[str, typer.Option(help="completions or chat")] = "completions",
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up requests, excluded from the window.")] = 1,
@@ -115,7 +116,7 @@ def measure(
     }, "engine")
     workload = validate(WorkloadSpec, {
         "source": prompts, "num_prompts": num_prompts, "api": api, "concurrency": concurrency,
-        "request_rate": request_rate, "warmup_requests": warmup, "sampling": {"max_tokens": max_tokens, "temperature": temperature},
+        "request_rate": request_rate, "burstiness": burstiness, "warmup_requests": warmup, "sampling": {"max_tokens": max_tokens, "temperature": temperature},
     }, "workload")
     selected = load_prompts(workload)
     from spectune._progress import trial_progress

@@ -84,7 +84,8 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     sweep = fit_concurrency(baseline, measured)
     same = [other for other in measured if proposer_of(other.spec) == proposer_of(m.spec)
             and other.engine.model_dump(exclude={"host", "env"}) == m.engine.model_dump(exclude={"host", "env"})]
-    costs = level_costs(baseline, same) if sweep is not None else []
+    on = "throughput" if view.objectives[0] == "output_throughput" else "tpot"  # what the study optimises
+    costs = level_costs(baseline, same, basis=on) if sweep is not None else []
     if len(costs) >= 2:  # up to the largest k measured of the proposer at every level, the choice's or not
         max_k = min(lc.profile.k for lc in costs)
         schedule = measured_schedule(costs, max_k=max_k, max_batch=max_batch,
@@ -92,9 +93,11 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
         return {"num_speculative_tokens_per_batch_size": schedule.to_vllm(), "max_batch": max_batch,
                 "levels": [lc.record() for lc in costs],
                 "model": "measured at each level: t(b,k)/t(b,0) = 1 + overhead(b) + c(b) d, fitted over the "
-                         f"proposer's k = {', '.join(map(str, sorted({x for lc in costs for x in lc.ks})))}; "
+                         f"proposer's k = {', '.join(map(str, sorted({x for lc in costs for x in lc.ks})))} "
+                         f"on its {'output throughput' if on == 'throughput' else 'time per output token'}; "
                          "k(b) maximises tokens per step over step time (spectune.predict._schedule); between "
-                         "levels interpolated in log b, beyond them moved by the sweep model's growth"}
+                         "levels each k's gain interpolated in log b, beyond them the cost moved by the sweep "
+                         "model's growth"}
     points = [p for other in measured if (p := CostPoint.from_measurement(other)) is not None]
     cost = fit_cost_model(t0, baseline.output_throughput, points).proposers[(m.spec.method, m.spec.model)]
     cost_at = None
@@ -145,12 +148,24 @@ def _mean_objectives(names: list[str], records: list[dict[str, Any]]) -> dict[st
             if all(name in r["objectives"] for r in records)}
 
 
+def _mix_proposer(view: StudyView, m: Measurement) -> TrialRow | None:
+    """Over a load mix whose choice is the baseline, the best feasible speculative configuration
+    (its schedule may still speculate at the levels where it gains); None otherwise."""
+    if not m.workload.is_mix:
+        return None
+    speculative = [c for c in view.engines() if c.feasible and not c.row.is_baseline and c.row.trial_id is not None]
+    sign = 1.0 if view.maximize else -1.0
+    return max(speculative, key=lambda c: sign * c.value).row if speculative else None
+
+
 def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | None = None) -> ExportResult:
     """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``.
 
     With ``schedule_max_batch``, a speculative choice also gets vLLM's
     ``num_speculative_tokens_per_batch_size`` for batch sizes 1..``schedule_max_batch``
-    (:func:`batch_schedule`; vLLM reads it from 0.24).
+    (:func:`batch_schedule`; vLLM reads it from 0.24). Over a load mix whose choice is the
+    baseline, the best speculative configuration's schedule is exported where it speculates at
+    some batch size: no static ``k`` pays at every level, yet one may at the quiet ones.
 
     Raises:
         ConfigError: no configuration to choose, or ``path`` is a folder or cannot be written
@@ -168,8 +183,19 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     engine = m.engine.model_dump(exclude={"host", "env"})
     config = vllm_config(engine, m.engine.model, row.spec)
     schedule = None
-    if schedule_max_batch is not None and not choice.is_baseline:
-        schedule = batch_schedule(view, m, base_m, schedule_max_batch)
+    source = row if not choice.is_baseline else _mix_proposer(view, m)
+    if schedule_max_batch is not None and source is not None:
+        m_source = m if source is row else view.store.measurement(source.trial_id)  # type: ignore[arg-type]
+        if m_source is None:
+            raise StorageError(f"study {view.name}: trial {source.number} has no stored measurement in spectune_trials")
+        schedule = batch_schedule(view, m_source, base_m, schedule_max_batch)
+        if source is not row:  # the baseline chosen over a mix: speculation only at the batch sizes that gain
+            if any(k for _, _, k in schedule["num_speculative_tokens_per_batch_size"]):
+                schedule["over_baseline_from_trial"] = source.number
+                config = vllm_config(engine, m.engine.model, source.spec)
+            else:
+                schedule = None
+    if schedule is not None:
         ranges = schedule["num_speculative_tokens_per_batch_size"]
         spec_cfg = config["speculative-config"]
         spec_cfg["num_speculative_tokens_per_batch_size"] = ranges
@@ -190,6 +216,9 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         f"measured with vLLM {m.versions.vllm}, torch {m.versions.torch}, spectune {m.versions.spectune} "
         f"on {m.hardware.platform}: {m.hardware.cpu}" + (f", {', '.join(m.hardware.gpus)}" if m.hardware.gpus else ""),
         *(f"{key} set by spectune for this platform, {why}" for key, why in m.engine_defaults.items()),
+        *([f"no static configuration beats the baseline over the mix; the schedule of trial "
+           f"{schedule['over_baseline_from_trial']}'s proposer speculates where its levels measured a gain"]
+          if schedule and "over_baseline_from_trial" in schedule else []),
         *([f"num_speculative_tokens_per_batch_size: k by batch size, "
            f"{'measured at concurrency ' + ', '.join(str(lv['batch']) for lv in schedule['levels']) if 'levels' in schedule else 'from the cost model'}"
            f"; num_speculative_tokens is its largest k"] if schedule else []),

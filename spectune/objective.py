@@ -140,7 +140,9 @@ class TrialFunction:
         constraints = self.config.slo.violations(m)
         for slo_name, value in constraints.items():
             trial.set_constraint(slo_name, value)
+        levels = primary.of_levels(m)
         headline(m).model_copy(update={
+            "level_values": {str(c): round(v, 4) for c, v in levels.items()} if levels else None,
             "speedup": round(speedup(primary.maximize, values[0], base), 4) if base is not None else None,
             "noise": relative_noise(primary, m), "constraints": constraints,
             "feasible": all(c <= 0 for c in constraints.values()),

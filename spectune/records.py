@@ -113,6 +113,8 @@ class TrialRecord(BaseModel):
     kv_cache_tokens: int | None = None
     bursty_delivery: bool | None = Field(default=None, description="Its tokens reached the client in bursts "
                                          "(Measurement.bursty_delivery): its client latencies are the delivery's.")
+    level_values: dict[str, float] | None = Field(default=None, description="A load mix: the first objective at "
+                                                  "each concurrency level (its value is their weighted whole).")
     speedup: float | None = None
     noise: float | None = None
     constraints: dict[str, float] | None = None

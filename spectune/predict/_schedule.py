@@ -129,8 +129,8 @@ class LevelCost:
     profile: AcceptanceProfile
     """Acceptance at this level, from the level's own counters (the largest ``k`` measured)."""
     source: str
-    """``engine``: step times from the engine core's own time per output token; ``client``: from
-    the output throughput the client measured."""
+    """Where the step times come from: ``throughput`` (the client's output throughput),
+    ``engine`` (the engine core's own time per output token) or ``client_tpot`` (the client's)."""
     ks: tuple[int, ...]
 
     def gain(self, k: int, overhead: float | None = None, c: float | None = None) -> float:
@@ -160,13 +160,17 @@ def level_profile(level: LevelStats) -> AcceptanceProfile | None:
                              mean_draft_length=acc.num_draft_tokens / acc.num_drafts)
 
 
-def _step_ratio(level: LevelStats, base: LevelStats, e: float, engine: bool) -> float | None:
-    """``t(b, k) / t(b, 0)``: tokens per step times the ratio of times per token."""
-    if engine:
+def _step_ratio(level: LevelStats, base: LevelStats, e: float, source: str) -> float | None:
+    """``t(b, k) / t(b, 0)``: tokens per step times the ratio of times per token, by ``source``
+    (:attr:`LevelCost.source`)."""
+    if source == "throughput":
+        return e * base.output_throughput / level.output_throughput if level.output_throughput > 0 else None
+    if source == "engine":
         tk = level.engine_timing.tpot_ms if level.engine_timing else None
         t0 = base.engine_timing.tpot_ms if base.engine_timing else None
-        return e * tk / t0 if tk and t0 else None
-    return e * base.output_throughput / level.output_throughput if level.output_throughput > 0 else None
+    else:
+        tk, t0 = level.tpot_median_ms, base.tpot_median_ms
+    return e * tk / t0 if tk and t0 else None
 
 
 def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
@@ -184,25 +188,29 @@ def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return 0.0, max(c, 0.0)
 
 
-def level_costs(baseline: Measurement, engines: Sequence[Measurement]) -> list[LevelCost]:
+def level_costs(baseline: Measurement, engines: Sequence[Measurement], *, basis: str = "throughput") -> list[LevelCost]:
     """The step cost of one proposer (``engines``: its measurements, any ``k``) at each level both
-    it and the baseline measured, in batch order. Step times come from the engine core's timing
-    where the baseline and every trial at that level report it, else from the client's throughput."""
+    it and the baseline measured, in batch order.
+
+    ``basis`` ``throughput``: step times from the output throughput the client measured, which
+    carries what speculation does to the prefills sharing the steps (what a throughput objective
+    is). ``tpot``: from the engine core's own time per output token where the baseline and every
+    trial at that level report it, else from the client's median TPOT (a latency objective)."""
     out = []
     for base in baseline.levels or []:
         pairs = [(lv, p) for m in engines if (lv := m.at_concurrency(base.concurrency)) is not None
                  and (p := level_profile(lv)) is not None]
         if not pairs or base.output_throughput <= 0:
             continue
-        engine = base.engine_timing is not None and all(lv.engine_timing is not None for lv, _ in pairs)
+        source = "throughput" if basis == "throughput" else "engine" if base.engine_timing is not None and all(
+            lv.engine_timing is not None for lv, _ in pairs) else "client_tpot"
         points = [(p.drafted_per_step, r - 1.0) for lv, p in pairs
-                  if (r := _step_ratio(lv, base, p.tokens_per_step, engine)) is not None]
+                  if (r := _step_ratio(lv, base, p.tokens_per_step, source)) is not None]
         if not points:
             continue
         o, c = _fit_line(points)
         longest = max(pairs, key=lambda pair: pair[1].k)[1]
-        out.append(LevelCost(base.concurrency, o, c, longest, "engine" if engine else "client",
-                             tuple(sorted({p.k for _, p in pairs}))))
+        out.append(LevelCost(base.concurrency, o, c, longest, source, tuple(sorted({p.k for _, p in pairs}))))
     return out
 
 
@@ -211,9 +219,9 @@ def measured_schedule(costs: Sequence[LevelCost], *, max_k: int, max_batch: int 
     """The batch-size schedule from the step costs a sweep measured (:func:`level_costs`).
 
     At a measured batch size, the ``k`` (0 included) with the most tokens per unit of baseline
-    step time; between two, the cost's parts interpolated in ``log b`` and the nearer level's
-    acceptance; beyond the measured ones, the nearest level's cost moved by ``scale(b) /
-    scale(edge)`` (the sweep model's growth with the batch, :class:`ConcurrencyModel`), or held.
+    step time; between two, each ``k``'s gain interpolated geometrically in ``log b``; beyond the
+    measured ones, the nearest level's cost moved by ``scale(b) / scale(edge)`` (the sweep model's
+    growth with the batch, :class:`ConcurrencyModel`), or held.
 
     Raises:
         ValueError: no level measured, ``max_k`` beyond the measured profiles, or ``max_batch`` < 1.
@@ -233,14 +241,12 @@ def measured_schedule(costs: Sequence[LevelCost], *, max_k: int, max_batch: int 
             edge = hi or lo
             assert edge is not None
             g = scale(b) / scale(edge.batch) if scale is not None and scale(edge.batch) > 0 else 1.0
-            here, o, c = edge, edge.overhead * g, edge.c * g
+            gains = [edge.gain(k, edge.overhead * g, edge.c * g) for k in range(max_k + 1)]
         elif lo is hi:
-            here, o, c = lo, lo.overhead, lo.c
-        else:
+            gains = [lo.gain(k) for k in range(max_k + 1)]
+        else:  # each k's gain, interpolated in log b between the two levels
             w = (math.log(b) - math.log(lo.batch)) / (math.log(hi.batch) - math.log(lo.batch))
-            here = lo if w < 0.5 else hi
-            o, c = lo.overhead + w * (hi.overhead - lo.overhead), lo.c + w * (hi.c - lo.c)
-        gains = [here.gain(k, o, c) for k in range(max_k + 1)]
+            gains = [lo.gain(k) ** (1.0 - w) * hi.gain(k) ** w for k in range(max_k + 1)]
         return max(range(max_k + 1), key=lambda k: (gains[k], -k))  # ties: the smaller k
 
     ranges: list[tuple[int, int, int]] = []

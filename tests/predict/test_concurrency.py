@@ -223,7 +223,7 @@ def test_a_sweep_measures_each_level_on_one_engine_and_predictions_move(swept_st
 
     schedule = batch_schedule(view, ngram, base, 16)
     assert schedule["model"].startswith("measured at each level")  # from the sweep's own step costs
-    assert [lv["batch"] for lv in schedule["levels"]] == [1, 4] and {lv["source"] for lv in schedule["levels"]} == {"engine"}
+    assert [lv["batch"] for lv in schedule["levels"]] == [1, 4] and {lv["source"] for lv in schedule["levels"]} == {"throughput"}
     assert all(lv["ks"] == [3] and lv["overhead"] == 0.0 and lv["c"] >= 0 for lv in schedule["levels"])
     ranges = schedule["num_speculative_tokens_per_batch_size"]
     assert validate_and_normalize_dynamic_sd_schedule(ranges) == [tuple(r) for r in ranges]

@@ -109,17 +109,18 @@ def _swept(landscape_m: Measurement, k: int | None, engine: bool) -> Measurement
     return landscape_m.model_copy(update={"levels": [_level(b, k, engine) for b in LAW], "concurrency": 1})
 
 
-@pytest.mark.parametrize("engine", [True, False])
-def test_level_costs_recover_each_levels_step_cost(engine: bool) -> None:
+@pytest.mark.parametrize(("engine", "basis", "source"), [(True, "throughput", "throughput"), (True, "tpot", "engine"),
+                                                      (False, "tpot", "client_tpot")])
+def test_level_costs_recover_each_levels_step_cost(engine: bool, basis: str, source: str) -> None:
     m = Landscape.load(LANDSCAPE).points[0].measurement
     assert m is not None
     base = _swept(m, None, engine)
-    costs = level_costs(base, [_swept(m, k, engine) for k in (2, 8)])
+    costs = level_costs(base, [_swept(m, k, engine) for k in (2, 8)], basis=basis)
     assert [lc.batch for lc in costs] == [1, 4, 16]
     for lc in costs:
         assert (lc.overhead, lc.c) == (pytest.approx(LAW[lc.batch][0], abs=2e-3), pytest.approx(LAW[lc.batch][1], abs=5e-4))
-        assert lc.source == ("engine" if engine else "client") and lc.ks == (2, 8) and lc.profile.k == 8
-    one = level_costs(base, [_swept(m, 4, engine)])  # one k: its cost is all c
+        assert lc.source == source and lc.ks == (2, 8) and lc.profile.k == 8
+    one = level_costs(base, [_swept(m, 4, engine)], basis=basis)  # one k: its cost is all c
     assert all(lc.overhead == 0.0 and lc.c == pytest.approx((LAW[lc.batch][0] + 4 * LAW[lc.batch][1]) / 4, rel=0.02)
                for lc in one)
 

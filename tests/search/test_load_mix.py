@@ -20,6 +20,7 @@ from spectune.config import WorkloadSpec
 from spectune.landscape import Landscape
 from spectune.load import arrival_offsets
 from spectune.measurement import Measurement, Objective
+from spectune.records import TrialRecord
 from spectune.results import open_study
 from spectune.search import study_inputs
 from spectune.worker import run_study
@@ -65,6 +66,8 @@ def test_a_mix_study_optimises_the_weighted_whole_and_shows_each_level(sweep: La
         whole = math.exp(sum(share[c] * math.log(v) for c, v in levels.items()))
         assert row.values == [pytest.approx(whole)]  # the weighted geometric mean, not the headline level
         assert min(levels.values()) < row.values[0] < max(levels.values())
+        attrs = TrialRecord.of(view.study.get_trials(deepcopy=False)[row.number]).level_values  # for the dashboard
+        assert attrs == {str(c): pytest.approx(v, abs=1e-4) for c, v in levels.items()}
     choice = view.best()
     rows = view.levels(choice)
     assert rows is not None and [r.concurrency for r in rows] == [1, 2, 4, 8]
@@ -164,3 +167,31 @@ def test_bursty_arrivals_keep_the_rate_and_bunch_up() -> None:
     assert poisson[0] == pytest.approx(0.1, rel=0.05) and bursty[0] == pytest.approx(0.1, rel=0.1)
     assert poisson[1] == pytest.approx(1.0, rel=0.1) and bursty[1] == pytest.approx(2.0, rel=0.1)  # 1 / sqrt(shape)
     assert arrival_offsets(50, 10.0, seed=3, burstiness=1.0) == arrival_offsets(50, 10.0, seed=3)
+
+
+def test_a_mix_whose_choice_is_the_baseline_exports_a_schedule_where_a_level_gains(
+        sweep: Landscape, tmp_path: Path) -> None:
+    """Weighted towards its busiest level, no static configuration beats the baseline beyond the
+    band; the export still speculates at the batch sizes where the levels measured a gain."""
+    import json
+
+    import yaml
+
+    from spectune.export import export_best
+
+    _grid(_weighted(sweep, [1.0, 1.0, 1.0, 1000.0]), tmp_path, "busy")
+    view = open_study(f"sqlite:///{tmp_path / 's.db'}", "busy")
+    choice = view.best()
+    assert choice.is_baseline
+    plain = export_best(view, tmp_path / "plain.yaml")
+    assert "speculative-config" not in plain.config  # without --schedule: the baseline as chosen
+    out = export_best(view, tmp_path / "best.yaml", schedule_max_batch=32)
+    spec = yaml.safe_load((tmp_path / "best.yaml").read_text())["speculative-config"]
+    record = json.loads(out.provenance_path.read_text())["batch_schedule"]
+    best_speculative = max((r for r in view.complete() if not r.is_baseline), key=lambda r: r.values[0])
+    assert record["over_baseline_from_trial"] == best_speculative.number
+    assert spec["method"] == best_speculative.spec["method"]
+    ranges = spec["num_speculative_tokens_per_batch_size"]
+    assert ranges[0][0] == 1 and ranges[-1][1] == 32 and max(k for _, _, k in ranges) == spec["num_speculative_tokens"] > 0
+    assert [lv["batch"] for lv in record["levels"]] == [1, 2, 4, 8]
+    assert "no static configuration beats the baseline over the mix" in (tmp_path / "best.yaml").read_text()

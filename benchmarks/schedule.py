@@ -1,0 +1,250 @@
+"""The exported k-per-batch-size schedule against every static k, on real engines.
+
+1. ``study``: a grid study of SmolLM2-135M-Instruct (float32) with n-gram lookup at k = 1, 2, 4
+   and 8 and no speculation, each engine measuring 1, 4 and 16 requests in flight (a load mix),
+   then ``spectune export --schedule`` of its choice: ``num_speculative_tokens_per_batch_size``
+   from each level's measured step cost and acceptance.
+2. ``compare``: engines started with the exported schedule and with each static choice (none
+   included), ``--starts`` times each in rotating order. Each measures every level (prompts of
+   its own, the same for every engine) and then a mixed load: arrivals at ``--rate`` per second
+   with bursts (gamma gaps of shape ``--burstiness``, as vllm bench serve's), at most 16 in
+   flight, so that the batch swings between quiet and busy. vLLM's counters give the k each run
+   used (draft tokens per draft).
+
+Writes ``benchmarks/results/schedule.json`` (each run as it ends) with the machine and its
+processor's features::
+
+    .venv/bin/python benchmarks/schedule.py              # study, then compare: about 50 min on 2 cores
+    .venv/bin/python benchmarks/schedule.py compare      # again on the exported schedule
+    .venv/bin/python benchmarks/schedule.py table        # the summary of results/schedule.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+OUTPUT = REPO / "benchmarks" / "results" / "schedule.json"
+WORK = REPO / "storage" / "bench-schedule"
+LEVELS = (1, 4, 16)
+KS = (1, 2, 4, 8)
+LOOKUP = {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
+PROMPTS = {1: 8, 4: 12, 16: 32}
+"""Prompts of each level in the comparison (disjoint; the mixed load takes the next ``--mixed``)."""
+MAX_TOKENS = 48
+
+
+def _engine(target: str) -> dict[str, Any]:
+    return {"dtype": "float32", "max_model_len": 2048}
+
+
+def study(target: str, work: Path) -> Path:
+    """The grid study over the load mix and its export with the schedule; the exported YAML."""
+    from spectune.study import load_study_config
+    from spectune.worker import run_study
+
+    space = {"description": "schedule benchmark", "methods": {
+        "none": {}, "ngram": {"num_speculative_tokens": list(KS), **LOOKUP}}}
+    (work / "space.yaml").write_text(yaml.safe_dump(space, sort_keys=False))
+    config = load_study_config(None, {
+        "target": target, "space": str(work / "space.yaml"), "storage": f"sqlite:///{work / 'study.db'}",
+        "study_name": "mix", "trials": 1 + len(KS), "sampler": "grid", "log_dir": str(work / "logs"),
+        "workload": "humaneval", "engine": _engine(target), "repeats": 1})
+    config = config.model_copy(update={"workload": config.workload.model_copy(update={
+        "num_prompts": 16 * len(LEVELS), "concurrency": LEVELS[0], "concurrency_levels": list(LEVELS),
+        "sampling": config.workload.sampling.model_copy(update={"max_tokens": MAX_TOKENS})})})
+    run_study(config, progress=lambda e: print(f"  {e.kind} {e.label} {e.state} {e.values or ''}", flush=True)
+              if e.kind == "trial_end" else None)
+    return export(work)
+
+
+def export(work: Path) -> Path:
+    """``spectune export --schedule`` of the study: its choice, or over a mix whose choice is the
+    baseline, the best speculative proposer's schedule."""
+    from spectune.export import export_best
+    from spectune.results import open_study
+
+    out = work / "best.yaml"
+    export_best(open_study(f"sqlite:///{work / 'study.db'}", "mix"), out, schedule_max_batch=256)
+    if "speculative-config" not in yaml.safe_load(out.read_text()):
+        raise SystemExit("the study's export speculates at no batch size: nothing to compare")
+    return out
+
+
+def _spec_of(best: Path) -> dict[str, Any]:
+    return yaml.safe_load(best.read_text())["speculative-config"]
+
+
+def _configs(best: Path) -> list[tuple[str, dict[str, Any]]]:
+    schedule = _spec_of(best)
+    return [("none", {"method": "none"}),
+            *((f"ngram k={k}", {"method": "ngram", "num_speculative_tokens": k, **LOOKUP}) for k in KS),
+            ("schedule", schedule)]
+
+
+def _stats(result: Any, before: Any, after: Any) -> dict[str, Any]:
+    """One load's figures from the client's timestamps and vLLM's counters."""
+    ok = result.succeeded
+    tokens = sum(r.output_tokens or 0 for r in ok)
+    c = after - before
+    edges = sorted([(r.start, 1) for r in ok] + [(r.start + (r.e2el or 0.0), -1) for r in ok])
+    inflight, last, area = 0, 0.0, 0.0
+    for t, step in edges:  # time-averaged requests in flight, while any is
+        area += inflight * (t - last)
+        inflight, last = inflight + step, t
+    busy = sum(1 for r in ok)
+    return {
+        "requests": len(result.records), "failed": len(result.records) - busy,
+        "output_throughput": tokens / result.duration if result.duration > 0 else 0.0,
+        "duration_s": result.duration,
+        "e2el_mean_ms": 1000 * statistics.fmean(r.e2el for r in ok if r.e2el is not None) if ok else None,
+        "tpot_median_ms": 1000 * statistics.median(t for r in ok if (t := r.tpot) is not None) if ok else None,
+        "mean_in_flight": area / last if last > 0 else 0.0,
+        "drafts": c.num_drafts, "draft_tokens": c.num_draft_tokens, "accepted": c.num_accepted_tokens,
+        "k_used": c.num_draft_tokens / c.num_drafts if c.num_drafts > 0 else 0.0,
+    }
+
+
+def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, list[Any]], rate: float,
+            burstiness: float, work: Path) -> dict[str, Any]:
+    """One engine start: every level, then the mixed load."""
+    from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
+    from spectune.counters import fetch_counters
+    from spectune.engines import VLLMServer
+    from spectune.load import run_load
+    from spectune.trial import warmup_prompts
+
+    engine = EngineArgs.model_validate({"model": target, **_engine(target)})
+    server = VLLMServer(engine, SpecConfig.model_validate(spec), log_path=work / "logs" / f"{label.replace(' ', '_')}.log",
+                        startup_timeout=900)
+    base = {"source": "humaneval", "sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0}, "warmup_requests": 0}
+    out: dict[str, Any] = {"config": label, "spec": spec, "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    with server:
+        out["startup_s"] = server.startup_seconds
+
+        def load(name: str, workload: WorkloadSpec, concurrency: int) -> None:
+            before = fetch_counters(server.base_url)
+            res = run_load(server.base_url, server.served_model_name, prompts[name], workload,
+                           concurrency=concurrency, timeout=900, api_key=server.api_key)
+            out[name] = _stats(res, before, fetch_counters(server.base_url))
+            print(f"    {label} {name}: {out[name]['output_throughput']:.1f} tok/s, "
+                  f"E2E {out[name]['e2el_mean_ms']:.0f} ms, k used {out[name]['k_used']:.2f}, "
+                  f"in flight {out[name]['mean_in_flight']:.1f}", flush=True)
+
+        run_load(server.base_url, server.served_model_name, warmup_prompts(2), WorkloadSpec(**base),
+                 concurrency=1, timeout=900, api_key=server.api_key)
+        for c in LEVELS:
+            load(f"c{c}", WorkloadSpec(**base, concurrency=c), c)
+        load("mixed", WorkloadSpec(**base, concurrency=16, request_rate=rate, burstiness=burstiness), 16)
+    return out
+
+
+def compare(target: str, best: Path, starts: int, rate: float, burstiness: float, mixed: int,
+            work: Path, record: dict[str, Any]) -> None:
+    from spectune.config import WorkloadSpec
+    from spectune.workloads import load_prompts
+
+    names = [f"c{c}" for c in LEVELS] + ["mixed"]
+    counts = [PROMPTS[c] for c in LEVELS] + [mixed]
+    selected = load_prompts(WorkloadSpec(source="humaneval", num_prompts=sum(counts), seed=0))
+    prompts, at = {}, 0
+    for name, n in zip(names, counts, strict=True):
+        prompts[name], at = selected[at:at + n], at + n
+    configs = _configs(best)
+    record.update({"schedule": _spec_of(best), "rate": rate, "burstiness": burstiness,
+                   "prompts": dict(zip(names, counts, strict=True)), "runs": record.get("runs", [])})
+    for start in range(starts):
+        order = configs[start % len(configs):] + configs[:start % len(configs)]  # rotating: no config always first
+        for label, spec in order:
+            print(f"  start {start + 1}/{starts}: {label}", flush=True)
+            run = run_one(target, label, spec, prompts, rate, burstiness, work)
+            run["start"] = start
+            run["load_average"] = os.getloadavg()
+            record["runs"].append(run)
+            _save(record)
+
+
+def summary(record: dict[str, Any]) -> dict[str, Any]:
+    """Per configuration and load: the mean over starts, and each start's."""
+    out: dict[str, Any] = {}
+    for run in record.get("runs", []):
+        for name in [f"c{c}" for c in LEVELS] + ["mixed"]:
+            if name in run:
+                cell = out.setdefault(run["config"], {}).setdefault(name, {"throughput": [], "e2el_mean_ms": [],
+                                                                             "k_used": []})
+                cell["throughput"].append(run[name]["output_throughput"])
+                cell["e2el_mean_ms"].append(run[name]["e2el_mean_ms"])
+                cell["k_used"].append(run[name]["k_used"])
+    return out
+
+
+def table(record: dict[str, Any]) -> str:
+    s = summary(record)
+    names = [f"c{c}" for c in LEVELS]
+    lines = ["| config | " + " | ".join(f"{n[1:]} in flight tok/s" for n in names)
+             + " | mixed: mean E2E ms | mixed tok/s | k used (1 / 16 / mixed) |",
+             "|---|" + "---|" * (len(names) + 3)]
+    for config, cells in s.items():
+        def mean(name: str, key: str) -> float:
+            return statistics.fmean(cells[name][key]) if name in cells else float("nan")
+        lines.append(f"| {config} | " + " | ".join(
+            f"{mean(n, 'throughput'):.1f} ({', '.join(f'{v:.1f}' for v in cells[n]['throughput'])})" for n in names)
+            + f" | {mean('mixed', 'e2el_mean_ms'):.0f} ({', '.join(f'{v:.0f}' for v in cells['mixed']['e2el_mean_ms'])})"
+            + f" | {mean('mixed', 'throughput'):.1f} | {mean('c1', 'k_used'):.2f} / {mean('c16', 'k_used'):.2f} / "
+            f"{mean('mixed', 'k_used'):.2f} |")
+    return "\n".join(lines)
+
+
+def _save(record: dict[str, Any]) -> None:
+    record["summary"] = summary(record)
+    OUTPUT.write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", nargs="?", default="all", choices=["all", "study", "compare", "table"])
+    parser.add_argument("--starts", type=int, default=2, help="engine starts of each configuration")
+    parser.add_argument("--rate", type=float, default=0.6, help="mixed load: requests per second")
+    parser.add_argument("--burstiness", type=float, default=0.25, help="mixed load: gamma shape of the gaps")
+    parser.add_argument("--mixed", type=int, default=40, help="mixed load: requests")
+    args = parser.parse_args()
+    if args.phase == "table":
+        print(table(json.loads(OUTPUT.read_text())))
+        return
+    from spectune.checkpoints import prepare_smollm2
+    from spectune.provenance import hardware, versions
+
+    target = str(prepare_smollm2())
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / "logs").mkdir(exist_ok=True)
+    record: dict[str, Any] = {"date": dt.date.today().isoformat(), "hardware": hardware().model_dump(),
+                              "versions": versions().model_dump(), "model": "SmolLM2-135M-Instruct",
+                              "engine": _engine(target), "levels": list(LEVELS), "max_tokens": MAX_TOKENS}
+    best = WORK / "best.yaml"
+    if args.phase in ("all", "study"):
+        for stale in ("study.db", "best.yaml", "best.provenance.json"):
+            (WORK / stale).unlink(missing_ok=True)
+        print("study over the load mix", flush=True)
+        best = study(target, WORK)
+        print(best.read_text(), flush=True)
+    if args.phase in ("all", "compare"):
+        best = export(WORK)  # the exported schedule as this checkout derives it
+        record["study_export"] = yaml.safe_load(best.read_text())
+        record["study_provenance"] = json.loads((WORK / "best.provenance.json").read_text())
+        compare(target, best, args.starts, args.rate, args.burstiness, args.mixed, WORK, record)
+        print(table(record))
+
+
+if __name__ == "__main__":
+    main()
