@@ -86,11 +86,18 @@ def _spec_of(best: Path) -> dict[str, Any]:
     return yaml.safe_load(best.read_text())["speculative-config"]
 
 
+CONTROL_K = 2
+"""The control: a schedule of this one k at every batch size, against static k (what vLLM's
+dynamic speculation costs by itself)."""
+
+
 def _configs(best: Path) -> list[tuple[str, dict[str, Any]]]:
     schedule = _spec_of(best)
     return [("none", {"method": "none"}),
             *((f"ngram k={k}", {"method": "ngram", "num_speculative_tokens": k, **LOOKUP}) for k in KS),
-            ("schedule", schedule)]
+            ("schedule", schedule),
+            (f"schedule of k={CONTROL_K} only", {"method": "ngram", "num_speculative_tokens": CONTROL_K, **LOOKUP,
+                                                 "num_speculative_tokens_per_batch_size": [[1, 256, CONTROL_K]]})]
 
 
 def _stats(result: Any, before: Any, after: Any) -> dict[str, Any]:
@@ -117,8 +124,8 @@ def _stats(result: Any, before: Any, after: Any) -> dict[str, Any]:
 
 
 def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, list[Any]], rate: float,
-            burstiness: float, work: Path) -> dict[str, Any]:
-    """One engine start: every level, then the mixed load."""
+            burstiness: float, work: Path, levels: bool = True) -> dict[str, Any]:
+    """One engine start: every level (unless ``levels`` is false), then the mixed load."""
     from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
     from spectune.counters import fetch_counters
     from spectune.engines import VLLMServer
@@ -135,7 +142,7 @@ def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, li
 
         def load(name: str, workload: WorkloadSpec, concurrency: int) -> None:
             before = fetch_counters(server.base_url)
-            res = run_load(server.base_url, server.served_model_name, prompts[name], workload,
+            res = run_load(server.base_url, server.served_model_name, prompts[name.split("@")[0]], workload,
                            concurrency=concurrency, timeout=900, api_key=server.api_key)
             out[name] = _stats(res, before, fetch_counters(server.base_url))
             print(f"    {label} {name}: {out[name]['output_throughput']:.1f} tok/s, "
@@ -144,14 +151,19 @@ def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, li
 
         run_load(server.base_url, server.served_model_name, warmup_prompts(2), WorkloadSpec(**base),
                  concurrency=1, timeout=900, api_key=server.api_key)
-        for c in LEVELS:
+        for c in (LEVELS if levels else ()):
             load(f"c{c}", WorkloadSpec(**base, concurrency=c), c)
-        load("mixed", WorkloadSpec(**base, concurrency=16, request_rate=rate, burstiness=burstiness), 16)
+        load(_mixed(rate), WorkloadSpec(**base, concurrency=16, request_rate=rate, burstiness=burstiness), 16)
     return out
 
 
+def _mixed(rate: float) -> str:
+    """The name of a mixed load at ``rate`` requests per second."""
+    return "mixed" if rate == 0.6 else f"mixed@{rate:g}"
+
+
 def compare(target: str, best: Path, starts: int, rate: float, burstiness: float, mixed: int,
-            work: Path, record: dict[str, Any]) -> None:
+            work: Path, record: dict[str, Any], levels: bool = True, only: list[str] | None = None) -> None:
     from spectune.config import WorkloadSpec
     from spectune.workloads import load_prompts
 
@@ -161,14 +173,16 @@ def compare(target: str, best: Path, starts: int, rate: float, burstiness: float
     prompts, at = {}, 0
     for name, n in zip(names, counts, strict=True):
         prompts[name], at = selected[at:at + n], at + n
-    configs = _configs(best)
-    record.update({"schedule": _spec_of(best), "rate": rate, "burstiness": burstiness,
+    configs = [c for c in _configs(best) if only is None or c[0] in only]
+    record.update({"schedule": _spec_of(best), "burstiness": burstiness,
                    "prompts": dict(zip(names, counts, strict=True)), "runs": record.get("runs", [])})
+    rates = record.setdefault("rates", {"mixed": 0.6} if any("mixed" in r for r in record["runs"]) else {})
+    rates[_mixed(rate)] = rate
     for start in range(starts):
         order = configs[start % len(configs):] + configs[:start % len(configs)]  # rotating: no config always first
         for label, spec in order:
             print(f"  start {start + 1}/{starts}: {label}", flush=True)
-            run = run_one(target, label, spec, prompts, rate, burstiness, work)
+            run = run_one(target, label, spec, prompts, rate, burstiness, work, levels)
             run["start"] = start
             run["load_average"] = os.getloadavg()
             record["runs"].append(run)
@@ -179,30 +193,40 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
     """Per configuration and load: the mean over starts, and each start's."""
     out: dict[str, Any] = {}
     for run in record.get("runs", []):
-        for name in [f"c{c}" for c in LEVELS] + ["mixed"]:
+        for name in [f"c{c}" for c in LEVELS] + list(record.get("rates", {"mixed": 0.6})):
             if name in run:
                 cell = out.setdefault(run["config"], {}).setdefault(name, {"throughput": [], "e2el_mean_ms": [],
                                                                              "k_used": []})
                 cell["throughput"].append(run[name]["output_throughput"])
                 cell["e2el_mean_ms"].append(run[name]["e2el_mean_ms"])
                 cell["k_used"].append(run[name]["k_used"])
+                out_tokens = run[name]["output_throughput"] * run[name]["duration_s"]
+                cell.setdefault("drafted_per_token", []).append(run[name]["draft_tokens"] / out_tokens if out_tokens else 0.0)
     return out
 
 
 def table(record: dict[str, Any]) -> str:
+    """Mean over starts (each start's in brackets): throughput at each level, mean end-to-end
+    latency of each mixed load, and the drafted tokens per output token at 1 and 16 in flight."""
     s = summary(record)
     names = [f"c{c}" for c in LEVELS]
-    lines = ["| config | " + " | ".join(f"{n[1:]} in flight tok/s" for n in names)
-             + " | mixed: mean E2E ms | mixed tok/s | k used (1 / 16 / mixed) |",
-             "|---|" + "---|" * (len(names) + 3)]
+    mixes = list(record.get("rates", {"mixed": 0.6}))
+    lines = ["| config | " + " | ".join(f"{n[1:]} in flight, tok/s" for n in names)
+             + "".join(f" | {m} (rate {record.get('rates', {}).get(m, 0.6):g}/s), mean E2E ms" for m in mixes)
+             + " | drafted per output token at 1 / 16 |",
+             "|---|" + "---|" * (len(names) + len(mixes) + 1)]
+
+    def cell(cells: dict[str, Any], name: str, key: str, fmt: str) -> str:
+        if name not in cells:
+            return "-"
+        values = cells[name][key]
+        return f"{statistics.fmean(values):{fmt}} ({', '.join(f'{v:{fmt}}' for v in values)})"
+
     for config, cells in s.items():
-        def mean(name: str, key: str) -> float:
-            return statistics.fmean(cells[name][key]) if name in cells else float("nan")
-        lines.append(f"| {config} | " + " | ".join(
-            f"{mean(n, 'throughput'):.1f} ({', '.join(f'{v:.1f}' for v in cells[n]['throughput'])})" for n in names)
-            + f" | {mean('mixed', 'e2el_mean_ms'):.0f} ({', '.join(f'{v:.0f}' for v in cells['mixed']['e2el_mean_ms'])})"
-            + f" | {mean('mixed', 'throughput'):.1f} | {mean('c1', 'k_used'):.2f} / {mean('c16', 'k_used'):.2f} / "
-            f"{mean('mixed', 'k_used'):.2f} |")
+        drafted = " / ".join(f"{statistics.fmean(cells[n]['drafted_per_token']):.2f}" if n in cells else "-"
+                             for n in ("c1", "c16"))
+        lines.append(f"| {config} | " + " | ".join(cell(cells, n, "throughput", ".1f") for n in names)
+                     + "".join(f" | {cell(cells, m, 'e2el_mean_ms', '.0f')}" for m in mixes) + f" | {drafted} |")
     return "\n".join(lines)
 
 
@@ -218,6 +242,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.6, help="mixed load: requests per second")
     parser.add_argument("--burstiness", type=float, default=0.25, help="mixed load: gamma shape of the gaps")
     parser.add_argument("--mixed", type=int, default=40, help="mixed load: requests")
+    parser.add_argument("--mixed-only", action="store_true",
+                        help="compare: the mixed load alone, added to results/schedule.json's runs")
+    parser.add_argument("--only", action="append", help="compare: this configuration alone (repeatable), "
+                        "e.g. 'ngram k=2' or 'schedule of k=2 only'")
     args = parser.parse_args()
     if args.phase == "table":
         print(table(json.loads(OUTPUT.read_text())))
@@ -228,9 +256,12 @@ def main() -> None:
     target = str(prepare_smollm2())
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(exist_ok=True)
+    earlier = json.loads(OUTPUT.read_text()) if args.mixed_only and OUTPUT.exists() else {}
     record: dict[str, Any] = {"date": dt.date.today().isoformat(), "hardware": hardware().model_dump(),
                               "versions": versions().model_dump(), "model": "SmolLM2-135M-Instruct",
                               "engine": _engine(target), "levels": list(LEVELS), "max_tokens": MAX_TOKENS}
+    if earlier:  # runs added to earlier ones: what they were measured with is kept, and this machine too
+        record = {**earlier, "added": [*earlier.get("added", []), {k: record[k] for k in ("date", "hardware", "versions")}]}
     best = WORK / "best.yaml"
     if args.phase in ("all", "study"):
         for stale in ("study.db", "best.yaml", "best.provenance.json"):
@@ -242,7 +273,8 @@ def main() -> None:
         best = export(WORK)  # the exported schedule as this checkout derives it
         record["study_export"] = yaml.safe_load(best.read_text())
         record["study_provenance"] = json.loads((WORK / "best.provenance.json").read_text())
-        compare(target, best, args.starts, args.rate, args.burstiness, args.mixed, WORK, record)
+        compare(target, best, args.starts, args.rate, args.burstiness, args.mixed, WORK, record,
+                levels=not args.mixed_only, only=args.only)
         print(table(record))
 
 

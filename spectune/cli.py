@@ -168,7 +168,7 @@ def optimize(
         "target": target, "draft": draft[0] if draft and len(draft) == 1 else draft or None, "space": space,
         "workload": workload,
         "workload.concurrency": levels[0] if levels else None,
-        "workload.concurrency_levels": levels if levels and len(levels) > 1 else None,
+        "workload.concurrency_levels": levels,  # one level: no mix, whatever the --config file says
         "workload.level_weights": weights,
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,

@@ -407,7 +407,8 @@ class WorkloadSpec(StrictModel):
     )
     level_weights: list[float] | None = Field(
         default=None, description="How much each of concurrency_levels counts in the study's objective (the share "
-        "of the time the deployment spends at it; default: equal). Normalised.")
+        "of the time the deployment spends at it; default: equal). Normalised; 0: measured (for predictions and "
+        "the schedule), not counted.")
     request_rate: float | None = Field(
         default=None, gt=0, description="Requests per second (Poisson arrivals) instead of a fixed concurrency."
     )
@@ -435,11 +436,14 @@ class WorkloadSpec(StrictModel):
                 raise ValueError("concurrency_levels: levels must be distinct")
             if self.request_rate is not None:
                 raise ValueError("give concurrency_levels or request_rate, not both")
+        if self.concurrency_levels and self.concurrency not in self.concurrency_levels:
+            raise ValueError(f"concurrency {self.concurrency} is not one of concurrency_levels "
+                             f"{self.concurrency_levels}: the headline level must be one of them")
         if self.level_weights is not None:
             if self.concurrency_levels is None or len(self.level_weights) != len(self.concurrency_levels):
                 raise ValueError("level_weights: give one weight per level of concurrency_levels")
-            if not all(math.isfinite(w) and w > 0 for w in self.level_weights):
-                raise ValueError("level_weights: every weight must be a finite number > 0")
+            if not all(math.isfinite(w) and w >= 0 for w in self.level_weights) or not any(self.level_weights):
+                raise ValueError("level_weights: every weight must be a finite number >= 0, one at least > 0")
         if self.burstiness != 1.0 and self.request_rate is None:
             raise ValueError("burstiness shapes request_rate's arrivals: give request_rate too")
         return self

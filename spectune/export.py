@@ -89,7 +89,7 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     if len(costs) >= 2:  # up to the largest k measured of the proposer at every level, the choice's or not
         max_k = min(lc.profile.k for lc in costs)
         schedule = measured_schedule(costs, max_k=max_k, max_batch=max_batch,
-                                     scale=lambda b: sweep.scale(m.spec.method, b)[0])
+                                     scale=lambda b: sweep.scale(m.spec.method, b, "throughput" if on == "throughput" else "tpot")[0])
         return {"num_speculative_tokens_per_batch_size": schedule.to_vllm(), "max_batch": max_batch,
                 "levels": [lc.record() for lc in costs],
                 "model": "measured at each level: t(b,k)/t(b,0) = 1 + overhead(b) + c(b) d, fitted over the "
@@ -188,11 +188,16 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         m_source = m if source is row else view.store.measurement(source.trial_id)  # type: ignore[arg-type]
         if m_source is None:
             raise StorageError(f"study {view.name}: trial {source.number} has no stored measurement in spectune_trials")
-        schedule = batch_schedule(view, m_source, base_m, schedule_max_batch)
-        if source is not row:  # the baseline chosen over a mix: speculation only at the batch sizes that gain
-            if any(k for _, _, k in schedule["num_speculative_tokens_per_batch_size"]):
+        if source is row:
+            schedule = batch_schedule(view, m_source, base_m, schedule_max_batch)
+        else:  # the baseline chosen over a mix: speculation only at the batch sizes that gain, if any
+            try:
+                schedule = batch_schedule(view, m_source, base_m, schedule_max_batch)
+            except ConfigError:  # no counters to derive one from: the baseline as chosen
+                schedule = None
+            if schedule is not None and any(k for _, _, k in schedule["num_speculative_tokens_per_batch_size"]):
                 schedule["over_baseline_from_trial"] = source.number
-                config = vllm_config(engine, m.engine.model, source.spec)
+                config = vllm_config(m_source.engine.model_dump(exclude={"host", "env"}), m.engine.model, source.spec)
             else:
                 schedule = None
     if schedule is not None:

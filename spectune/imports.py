@@ -172,6 +172,9 @@ def _check_fits(path: Path, data: Mapping[str, Any], ctx: StudyContext, input_to
     def refuse(field: str, theirs: Any, ours: Any) -> None:
         raise ConfigError(f"{path}: {field} {theirs!r} differs from the study's {ours!r}; nothing imported")
 
+    if wl.is_mix:  # a result file measured one load; the study's objective weighs several
+        raise ConfigError(f"{path}: the study measures a load mix (concurrency {wl.concurrency_levels}); a vllm bench "
+                          "result measured one load and cannot stand for it; nothing imported")
     if data.get("model_id") not in (ctx.config.target, served):
         refuse("model_id", data.get("model_id"), served)
     if data.get("num_prompts") is not None and data["num_prompts"] != len(ctx.prompts):

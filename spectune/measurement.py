@@ -299,7 +299,7 @@ class Objective(str, Enum):
         if levels is None:
             return self.of_headline(m)
         weights = m.workload.weights()
-        return math.exp(math.fsum(weights[c] * math.log(v) for c, v in levels.items()))
+        return math.exp(math.fsum(weights[c] * math.log(v) for c, v in levels.items() if weights[c] > 0))
 
     def of_headline(self, m: Measurement) -> float:
         """The value at the measurement's headline concurrency: the median over its windows."""
@@ -315,20 +315,25 @@ class Objective(str, Enum):
 
     def of_levels(self, m: Measurement) -> dict[int, float] | None:
         """Each level's value of a load mix (the headline's from its windows, as :meth:`of_headline`);
-        None when the workload is not a mix or the measurement holds no levels.
+        None when the workload is not a mix, or the measurement holds no levels or was stored
+        before its levels kept this objective's figure.
 
         Raises:
-            EngineError: a level of the mix produced no value (every request of it failed).
+            EngineError: a level that counts in the mix produced no value (every request failed).
         """
         if not m.workload.is_mix or not m.levels:
             return None
+        weights = m.workload.weights()
         out: dict[int, float] = {}
         for c in m.workload.levels:
             level = m.at_concurrency(c)
             value = self.of_headline(m) if c == m.concurrency else (self.at_level(level) if level else None)
-            if value is None or value <= 0:
+            if value is not None:
+                out[c] = value
+            elif level is not None and level.num_failed < level.num_requests:
+                return None  # answered, yet without the figure: stored before levels kept it
+            elif weights[c] > 0:
                 raise EngineError(f"no request produced a value for {self.value} at concurrency {c}")
-            out[c] = value
         return out
 
 

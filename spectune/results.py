@@ -400,6 +400,8 @@ class StudyView:
         paired = self.paired_band(rival, base, spread) if rival is not None else None
         band = paired or best.noise + base.noise
         what = "paired band" if paired else "noise band"
+        if paired and self._is_mix():  # the requests kept are the headline level's
+            what = "paired band of the headline level"
         gain = _finite(speedup(self.maximize, best.value, base.value))
         engines = (f", mean of {len(best.values)} engines" if len(best.values) > 1
                    else ", on one engine: no speculative configuration was confirmed feasible on a second"
@@ -443,7 +445,10 @@ class StudyView:
     def levels(self, choice: Choice) -> list[LevelRow] | None:
         """The load mix level by level: ``choice`` and the best at each level against the
         baseline; None when the study measures no mix (or its baseline has no levels stored)."""
-        objective = Objective(self.objectives[0])
+        try:
+            objective = Objective(self.objectives[0])
+        except ValueError:  # a study spectune did not make
+            return None
 
         def per_level(c: Engines) -> dict[int, float] | None:
             ms = [m for n in c.numbers if (r := self._row(n)) is not None and r.trial_id is not None
@@ -471,6 +476,12 @@ class StudyView:
                                key=lambda item: gain(item[1]), default=(chosen.row.label, v))
             out.append(LevelRow(b, weights.get(b, math.nan), v, base[b], gain(v), best, gain(best_v)))
         return out
+
+    def _is_mix(self) -> bool:
+        """Whether the study measures a load mix (from its stored configuration)."""
+        workload = (StudyRecord.of(self.study).spectune_config or {}).get("workload")
+        levels = workload.get("concurrency_levels") if isinstance(workload, dict) else None
+        return isinstance(levels, list) and len(levels) >= 2
 
     def _row(self, number: int) -> TrialRow | None:
         return next((r for r in self.rows if r.number == number), None)

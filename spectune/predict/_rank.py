@@ -328,18 +328,19 @@ class StudyInputs:
             objective=self.objective, maximize=self.maximize, learned=self.learned, features=self.features,
             drafts=self.drafts, engine_spread=self.engine_spread))
 
-    def over_mix(self, predictions: Sequence[Prediction]) -> list[Prediction]:
+    def over_mix(self, predictions: Sequence[Prediction], model: ConcurrencyModel | None = None) -> list[Prediction]:
         """``predictions`` (made at the headline concurrency) with their value over the study's load
         mix (:attr:`~spectune.config.WorkloadSpec.is_mix`), best first: moved to each level
         (:class:`ConcurrencyModel`), each level's ratio to the baseline's there applied to the
         baseline's measured value at that level, weighted as :meth:`Objective.of` weights the
         measured ones. Throughput moves with the throughput, TPOT with the TPOT, the other
-        latencies keep their headline ratio. Unchanged when the study is no mix."""
+        latencies keep their headline ratio. Unchanged when the study is no mix. ``model``: the
+        concurrency model to move by (default: fitted on every measured trial)."""
         from spectune.measurement import Objective
 
         objective = Objective(self.objective)
         base_levels = objective.of_levels(self.baseline) if self.baseline.levels else None
-        model = self.concurrency_model() if base_levels else None
+        model = (model or self.concurrency_model()) if base_levels else None
         if base_levels is None or model is None:
             return list(predictions)
         weights = self.baseline.workload.weights()
@@ -357,9 +358,9 @@ class StudyInputs:
 
         out = []
         for p in predictions:
-            per_level = {c: ratios(p, c) for c in weights}
+            per_level = {c: ratios(p, c) for c, w in weights.items() if w > 0}
             whole = [math.exp(math.fsum(w * math.log(max(base_levels[c] * per_level[c][i], 1e-300))
-                                        for c, w in weights.items())) for i in range(3)]
+                                        for c, w in weights.items() if w > 0)) for i in range(3)]
             out.append(dataclasses.replace(p, value=Estimate(whole[0], min(whole), max(whole))))
         sign = -1.0 if self.maximize else 1.0
         out.sort(key=lambda p: (sign * p.value.value if math.isfinite(p.value.value) else math.inf, p.label))
@@ -380,7 +381,8 @@ class StudyInputs:
             truth = measured_prediction(engines, self.objective)
             predicted = self.over_mix(predict_candidates(
                 [engines[0].spec], self.baseline, others, objective=self.objective, maximize=self.maximize,
-                learned=self.learned, features=self.features, drafts=self.drafts, engine_spread=self.engine_spread))
+                learned=self.learned, features=self.features, drafts=self.drafts, engine_spread=self.engine_spread),
+                model=fit_concurrency(self.baseline, others))  # moved without its own sweep
             if truth is not None and predicted:
                 rows.append((engines[0].spec.label(), predicted[0], truth))
         return summarize_errors(self.objective, rows)

@@ -202,8 +202,9 @@ def level_costs(baseline: Measurement, engines: Sequence[Measurement], *, basis:
                  and (p := level_profile(lv)) is not None]
         if not pairs or base.output_throughput <= 0:
             continue
-        source = "throughput" if basis == "throughput" else "engine" if base.engine_timing is not None and all(
-            lv.engine_timing is not None for lv, _ in pairs) else "client_tpot"
+        source = "throughput" if basis == "throughput" else "engine" if all(
+            lv.engine_timing is not None and lv.engine_timing.tpot_ms for lv in [base, *(lv for lv, _ in pairs)]) \
+            else "client_tpot"
         points = [(p.drafted_per_step, r - 1.0) for lv, p in pairs
                   if (r := _step_ratio(lv, base, p.tokens_per_step, source)) is not None]
         if not points:

@@ -72,7 +72,7 @@ def study_note(view: StudyView) -> str:
                      f"(baseline: {', '.join(fmt(v) for v in choice.baseline_engines)})")
     lines.append(f"- {choice.band_kind}: +-{choice.noise_band:.1%}" + (
         " (95 % interval on the gap to the baseline, paired per prompt, engine starts included)"
-        if choice.band_kind == "paired band" else ""))
+        if choice.band_kind.startswith("paired band") else ""))
     if (spread := engine_spread_note(choice.engine_spread)) is not None:
         lines.append(f"- {spread}")
     lines.append("")

@@ -116,27 +116,40 @@ def test_a_latency_slo_holds_at_every_level_of_the_mix(sweep: Landscape) -> None
 
 
 def test_guided_search_predicts_the_mix_from_the_sweep_model(sweep: Landscape, tmp_path: Path) -> None:
-    """Unmeasured candidates are predicted over the whole mix, not at the headline level: a
-    candidate measured later lies closer to its mix prediction than to the headline one."""
-    cfg = sweep.config(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="g", sampler="guided",
-                       trials=3, log_dir=str(tmp_path / "logs"))
-    run_study(cfg, measure_fn=sweep.measurer())
-    view = open_study(cfg.storage, "g")
-    inputs = study_inputs(view)
-    by_label = {p.label: p.measurement for p in sweep.points}
-    predicted = inputs.predict()
-    assert predicted, "candidates left to predict"
-    for p in predicted:
-        truth = Objective.OUTPUT_THROUGHPUT.of(by_label[p.label])
-        headline_only = p.output_throughput.value  # at concurrency 1
-        assert abs(p.value.value / truth - 1) < abs(headline_only / truth - 1)
+    """Unmeasured candidates are predicted over the mix: each level's ratio to the baseline from
+    the sweep model, weighted. Weighed all but wholly towards one level, a prediction is that
+    level's; the same candidate ranks differently when the quiet level weighs most."""
+    by_weight = {}
+    for heavy in (0, 3):
+        weights = [1.0] * 4
+        weights[heavy] = 1000.0
+        cfg = _weighted(sweep, weights).config(storage=f"sqlite:///{tmp_path / f's{heavy}.db'}", study_name="g",
+                                               sampler="guided", trials=2, log_dir=str(tmp_path / "logs"))
+        run_study(cfg, measure_fn=_weighted(sweep, weights).measurer())
+        inputs = study_inputs(open_study(cfg.storage, "g"))
+        model = inputs.concurrency_model()
+        assert model is not None
+        level = [1, 2, 4, 8][heavy]
+        base = Objective.OUTPUT_THROUGHPUT.of_levels(inputs.baseline)
+        assert base is not None
+        predicted = inputs.predict()
+        assert predicted, "candidates left to predict"
+        for p in predicted:
+            at = model.predict(p, level).output_throughput.value / model.baseline_throughput(level) * base[level]
+            assert p.value.value == pytest.approx(at, rel=0.02)
+            assert p.value.low <= p.value.value <= p.value.high
+        by_weight[heavy] = {p.label: p.value.value / Objective.OUTPUT_THROUGHPUT.of(inputs.baseline) for p in predicted}
+    common = set(by_weight[0]) & set(by_weight[3])
+    assert common and any(abs(by_weight[0][c] / by_weight[3][c] - 1) > 0.02 for c in common)  # the weights matter
 
 
 def test_load_mix_input_is_checked() -> None:
     with pytest.raises(ValueError, match="one weight per level"):
         WorkloadSpec(source="humaneval", concurrency_levels=[1, 4], level_weights=[1.0])
-    with pytest.raises(ValueError, match="finite number > 0"):
-        WorkloadSpec(source="humaneval", concurrency_levels=[1, 4], level_weights=[1.0, 0.0])
+    with pytest.raises(ValueError, match="one at least > 0"):
+        WorkloadSpec(source="humaneval", concurrency_levels=[1, 4], level_weights=[0.0, 0.0])
+    with pytest.raises(ValueError, match="the headline level must be one of them"):
+        WorkloadSpec(source="humaneval", concurrency=8, concurrency_levels=[1, 4])
     with pytest.raises(ValueError, match="give request_rate too"):
         WorkloadSpec(source="humaneval", burstiness=0.5)
     w = WorkloadSpec(source="humaneval", concurrency_levels=[1, 4, 16], level_weights=[2, 1, 1])
@@ -195,3 +208,15 @@ def test_a_mix_whose_choice_is_the_baseline_exports_a_schedule_where_a_level_gai
     assert ranges[0][0] == 1 and ranges[-1][1] == 32 and max(k for _, _, k in ranges) == spec["num_speculative_tokens"] > 0
     assert [lv["batch"] for lv in record["levels"]] == [1, 2, 4, 8]
     assert "no static configuration beats the baseline over the mix" in (tmp_path / "best.yaml").read_text()
+
+
+def test_a_level_weighted_zero_is_measured_but_not_counted(sweep: Landscape) -> None:
+    base = next(p.measurement for p in sweep.points if p.label == "none")
+    assert base is not None
+    only_quiet = base.model_copy(update={"workload": base.workload.model_copy(update={"level_weights": [1, 0, 0, 0]})})
+    levels = Objective.OUTPUT_THROUGHPUT.of_levels(only_quiet)
+    assert levels is not None and sorted(levels) == [1, 2, 4, 8]  # every level still reported
+    assert Objective.OUTPUT_THROUGHPUT.of(only_quiet) == pytest.approx(Objective.OUTPUT_THROUGHPUT.of_headline(base))
+    # a measurement stored before its levels kept a figure: the headline's value, not an error
+    assert Objective.TPOT_P99.of_levels(base) is None
+    assert Objective.TPOT_P99.of(base) == Objective.TPOT_P99.of_headline(base)

@@ -157,3 +157,17 @@ def test_a_result_vllm_bench_serve_wrote_against_a_real_server_is_imported(tiny_
     assert row.state == "COMPLETE" and row.spec == spec.to_vllm() and row.note == "imported from bench.json"
     assert row.values == pytest.approx([written["output_throughput"]])
     assert row.mean_acceptance_length == pytest.approx(written["spec_decode_acceptance_length"])
+
+
+def test_a_load_mix_study_refuses_a_result_of_one_load(landscape: Landscape, tmp_path: Path) -> None:
+    """A result file measured one load; a mix study's objective weighs several: not comparable."""
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'i.db'}", study_name="mix", trials=4,
+                              log_dir=str(tmp_path / "logs"))
+    config = config.model_copy(update={"workload": config.workload.model_copy(update={
+        "concurrency_levels": [config.workload.concurrency, 4]})})
+    create_study(config)
+    _, m = _best(landscape)
+    path = write_result(tmp_path, "one-load.json", bench_result(m))
+    with pytest.raises(ConfigError, match=r"measures a load mix .* cannot stand for it; nothing imported$"):
+        import_results(config.storage, "mix", [path])
+    assert open_study(config.storage, "mix").rows == []
