@@ -163,8 +163,8 @@ def test_a_load_mix_study_refuses_a_result_of_one_load(landscape: Landscape, tmp
     """A result file measured one load; a mix study's objective weighs several: not comparable."""
     config = landscape.config(storage=f"sqlite:///{tmp_path / 'i.db'}", study_name="mix", trials=4,
                               log_dir=str(tmp_path / "logs"))
-    config = config.model_copy(update={"workload": config.workload.model_copy(update={
-        "concurrency_levels": [config.workload.concurrency, 4]})})
+    assert config.workload.concurrency == 1
+    config = config.model_copy(update={"workload": config.workload.model_copy(update={"concurrency_levels": [1, 2]})})
     create_study(config)
     _, m = _best(landscape)
     path = write_result(tmp_path, "one-load.json", bench_result(m))

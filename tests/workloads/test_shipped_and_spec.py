@@ -121,13 +121,14 @@ def test_workload_spec_load_shape() -> None:
     sweep = WorkloadSpec(source="data/chat.json", concurrency_levels=[1, 4, 16])
     assert sweep.levels == [1, 4, 16] and sweep.concurrency == 1
     assert WorkloadSpec(source="x", concurrency_levels=[4, 16]).concurrency == 4
-    assert WorkloadSpec(source="x", concurrency_levels=[4, 16], concurrency=2).concurrency == 2
+    assert WorkloadSpec(source="x", concurrency_levels=[4, 16], concurrency=16).concurrency == 16
     rate = WorkloadSpec(source="x", request_rate=2.5, concurrency=32)
     assert rate.request_rate == 2.5 and rate.levels == [32]
     for bad in (
         {"concurrency_levels": [1, 4], "request_rate": 1.0},
         {"concurrency_levels": [0, 4]},
         {"concurrency_levels": [4, 4]},
+        {"concurrency_levels": [4, 16], "concurrency": 2},  # the headline level is one of the levels
         {"concurrency_levels": []},
         {"request_rate": 0},
         {"sharegpt_mode": "all"},
