@@ -45,8 +45,7 @@ PROMPTS = {1: 8, 4: 12, 16: 32}
 MAX_TOKENS = 48
 
 
-def _engine(target: str) -> dict[str, Any]:
-    return {"dtype": "float32", "max_model_len": 2048}
+ENGINE = {"dtype": "float32", "max_model_len": 2048}
 
 
 def study(target: str, work: Path) -> Path:
@@ -60,7 +59,7 @@ def study(target: str, work: Path) -> Path:
     config = load_study_config(None, {
         "target": target, "space": str(work / "space.yaml"), "storage": f"sqlite:///{work / 'study.db'}",
         "study_name": "mix", "trials": 1 + len(KS), "sampler": "grid", "log_dir": str(work / "logs"),
-        "workload": "humaneval", "engine": _engine(target), "repeats": 1})
+        "workload": "humaneval", "engine": dict(ENGINE), "repeats": 1})
     config = config.model_copy(update={"workload": config.workload.model_copy(update={
         "num_prompts": 16 * len(LEVELS), "concurrency": LEVELS[0], "concurrency_levels": list(LEVELS),
         "sampling": config.workload.sampling.model_copy(update={"max_tokens": MAX_TOKENS})})})
@@ -110,9 +109,8 @@ def _stats(result: Any, before: Any, after: Any) -> dict[str, Any]:
     for t, step in edges:  # time-averaged requests in flight, while any is
         area += inflight * (t - last)
         inflight, last = inflight + step, t
-    busy = sum(1 for r in ok)
     return {
-        "requests": len(result.records), "failed": len(result.records) - busy,
+        "requests": len(result.records), "failed": len(result.records) - len(ok),
         "output_throughput": tokens / result.duration if result.duration > 0 else 0.0,
         "duration_s": result.duration,
         "e2el_mean_ms": 1000 * statistics.fmean(r.e2el for r in ok if r.e2el is not None) if ok else None,
@@ -132,7 +130,7 @@ def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, li
     from spectune.load import run_load
     from spectune.trial import warmup_prompts
 
-    engine = EngineArgs.model_validate({"model": target, **_engine(target)})
+    engine = EngineArgs.model_validate({"model": target, **ENGINE})
     server = VLLMServer(engine, SpecConfig.model_validate(spec), log_path=work / "logs" / f"{label.replace(' ', '_')}.log",
                         startup_timeout=900)
     base = {"source": "humaneval", "sampling": {"max_tokens": MAX_TOKENS, "temperature": 0.0}, "warmup_requests": 0}
@@ -259,7 +257,7 @@ def main() -> None:
     earlier = json.loads(OUTPUT.read_text()) if args.mixed_only and OUTPUT.exists() else {}
     record: dict[str, Any] = {"date": dt.date.today().isoformat(), "hardware": hardware().model_dump(),
                               "versions": versions().model_dump(), "model": "SmolLM2-135M-Instruct",
-                              "engine": _engine(target), "levels": list(LEVELS), "max_tokens": MAX_TOKENS}
+                              "engine": dict(ENGINE), "levels": list(LEVELS), "max_tokens": MAX_TOKENS}
     if earlier:  # runs added to earlier ones: what they were measured with is kept, and this machine too
         record = {**earlier, "added": [*earlier.get("added", []), {k: record[k] for k in ("date", "hardware", "versions")}]}
     best = WORK / "best.yaml"

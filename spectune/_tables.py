@@ -163,7 +163,6 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
         console.print(table)
 
 
-
 # -- spectune predict --------------------------------------------------------------------------
 
 def _interval(e: Estimate, fmt: str = ".4g") -> str:

@@ -183,7 +183,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     engine = m.engine.model_dump(exclude={"host", "env"})
     config = vllm_config(engine, m.engine.model, row.spec)
     schedule = None
-    source = row if not choice.is_baseline else _mix_proposer(view, m)
+    source = None if schedule_max_batch is None else row if not choice.is_baseline else _mix_proposer(view, m)
     if schedule_max_batch is not None and source is not None:
         m_source = m if source is row else view.store.measurement(source.trial_id)  # type: ignore[arg-type]
         if m_source is None:
