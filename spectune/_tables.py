@@ -109,7 +109,7 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
 
     from spectune.records import StudyRecord
     from spectune.report import level_rows
-    from spectune.results import engine_spread, engine_spread_note, prediction_errors_note, stop_note
+    from spectune.results import edge_notes, engine_spread, engine_spread_note, prediction_errors_note, stop_note
 
     console = console or Console()
     guided = any(r.predicted is not None for r in view.rows)
@@ -153,6 +153,8 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
     elif skipped:
         console.print(f"guided search left {len(skipped)} candidates unmeasured, predicted clearly worse than "
                       f"the best measured (spectune predict ranks them)")
+    for note in edge_notes(view):
+        console.print(escape(note))
     if (spread := engine_spread_note(engine_spread(view.engines()))) is not None:
         console.print(spread)
     if (mix := level_rows(view)) is not None:  # a load mix: the choice at each level

@@ -156,6 +156,7 @@ def optimize(
     storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
     concurrency: Annotated[Optional[str], typer.Option(help="Requests in flight: 8, or a load mix 1,4,16 whose levels each trial measures on its engine (the objective weighs them).")] = None,
     level_weights: Annotated[Optional[str], typer.Option(help="How much each level of --concurrency counts: 3,1,1 (default: equal; e.g. the share of the day at each load).")] = None,
+    no_extend: Annotated[bool, typer.Option("--no-extend", help="Keep to the space's ranges: where the pick sits on an edge, guided search predicts and reports what lies beyond but does not measure it.")] = False,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune.storage import resolve_storage_url, safe_url, worker_claim
@@ -173,7 +174,7 @@ def optimize(
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
         "tolerance": tolerance, "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,
-        "storage_outage_limit": storage_outage_limit,
+        "storage_outage_limit": storage_outage_limit, "extend": False if no_extend else None,
     })
     slots = parse_gpus(gpus)
     plan = plan_study(cfg)  # every check of the input before the storage is claimed: nothing written on exit 2

@@ -20,7 +20,7 @@ import yaml
 
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError, StorageError
-from spectune.results import Choice, StudyView, TrialRow
+from spectune.results import Choice, StudyView, TrialRow, edge_notes
 from spectune.storage import safe_url
 
 if TYPE_CHECKING:
@@ -255,6 +255,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         "vllm_config": config,
         "batch_schedule": schedule,
         "levels": [dataclasses.asdict(lv) for lv in levels] if (levels := view.levels(choice)) else None,
+        "space_edges": edge_notes(view) or None,  # ranges widened past an edge, or what lies past one
     }
     prov = _provenance_path(path)
     try:

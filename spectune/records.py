@@ -195,6 +195,9 @@ class StudyRecord(BaseModel):
     guide: dict[str, Any] | None = Field(default=None, description="Guided search's last plan: what it skipped, and why.")
     stopped: str | None = Field(default=None, description="Why the search ended before it had measured what it "
                                 "would (the time budget), while it did.")
+    extensions: list[dict[str, Any]] | None = Field(
+        default=None, description="The ranges guided search widened past an edge where its pick sat, in order: "
+        "param (method.field), range (the range after), was (before), because (the configuration at the edge).")
     gpus_per_engine: int | None = Field(
         default=None, description="GPUs each engine of the study is given (0: placed by its environment); set by the "
         "first worker, the same for every worker after it.")
@@ -203,6 +206,10 @@ class StudyRecord(BaseModel):
     def of(cls, study: Any) -> StudyRecord:
         """The record of an Optuna study (or a study summary)."""
         return cls.model_validate(study.user_attrs)
+
+    def widened_ranges(self) -> dict[str, dict[str, Any]]:
+        """Each range guided search widened (``method.field``), as it stands after its last widening."""
+        return {e["param"]: e["range"] for e in self.extensions or () if "param" in e and "range" in e}
 
     @property
     def made_by_spectune(self) -> bool:

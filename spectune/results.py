@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from spectune.measurement import Measurement
 
-__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "Engines", "LevelRow", "StudyView", "TrialRow", "engine_spread", "engine_spread_note",
+__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "Engines", "LevelRow", "StudyView", "TrialRow", "edge_notes", "engine_spread", "engine_spread_note",
            "open_study", "paired_band", "pooled_spread", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
@@ -220,6 +220,25 @@ def stop_note(view: StudyView) -> str | None:
     study of another sampler)."""
     why = (StudyRecord.of(view.study).guide or {}).get("stop_reason")
     return f"Guided search stopped: {why}." if isinstance(why, str) and why else None
+
+
+def edge_notes(view: StudyView) -> list[str]:
+    """What guided search did at the edges of the space, a sentence each: the ranges it widened
+    (and which configuration sat on the edge), and, for a study kept to its space, the best
+    candidate predicted past an edge with its chance of beating the pick. Empty where the pick
+    never sat on an edge."""
+    record = StudyRecord.of(view.study)
+    from spectune.space import range_text
+
+    notes = [f"Guided search widened {e['param']} from {range_text(e.get('was') or {})} to {range_text(e['range'])}: "
+             f"{e.get('because', '')}."
+             for e in record.extensions or () if isinstance(e, dict) and "param" in e and isinstance(e.get("range"), dict)]
+    beyond = (record.guide or {}).get("beyond_edge")
+    if isinstance(beyond, dict) and beyond.get("best"):
+        notes.append(f"The pick sits on the edge of the space, which the study keeps to (extend: false): past it, "
+                     f"{beyond['candidates']} candidates are predicted, the best {beyond['best']} at "
+                     f"{beyond['predicted']:.4g} with a {beyond['chance']:.0%} chance of beating the pick; not measured.")
+    return notes
 
 
 @dataclass(frozen=True)

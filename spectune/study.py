@@ -112,6 +112,11 @@ class StudyConfig(StrictModel):
         description="Guided search stops once no candidate has more than a 5 % chance of beating the pick by "
         "more than this (relative): 0.05 is 5 %. Default: the larger of 2 % and the study's measured "
         "spread between engine starts.")
+    extend: bool = Field(
+        default=True, description="Guided search widens an integer range of the space (k, the n-gram window) past "
+        "its edge where the pick, or a configuration it cannot tell from the pick, sits on it, and measures what "
+        "its models find worth measuring there; false keeps to the space (what lies beyond is still predicted "
+        "and reported). A range marked hard: true in the space is never widened.")
     time_budget: float | None = Field(
         default=None, gt=0,
         description="Engine time the study may spend, summed over its trials on every worker: seconds, or "

@@ -298,8 +298,9 @@ class _Worker:
                     if study._storage.get_heartbeat_interval() is not None:  # noqa: SLF001
                         study._storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
                 trial = mine[0]
-                spec = self.ctx.space.suggest(trial)
-                knobs = self.ctx.space.suggest_engine(trial)  # the study's sampler draws those not enqueued
+                space = self.ctx.space.extended(StudyRecord.of(study).widened_ranges())  # as guided search widened it
+                spec = space.suggest(trial)
+                knobs = space.suggest_engine(trial)  # the study's sampler draws those not enqueued
                 key = candidate_key(spec.to_vllm(), knobs)
                 rec = TrialRecord.of(trial)
                 earlier = None if rec.measured_again else _same_candidate(trials, key, trial.number)
@@ -533,6 +534,7 @@ def run_worker(
         strategy = strategy or StudyStrategy(
             space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler, objectives=len(config.objectives),
             trials=config.trials, confirm=config.confirm, time_budget=config.time_budget, tolerance=config.tolerance,
+            extend=config.extend,
             on_guide_stopped=lambda why: hook(StudyEvent("guide_stop", 0, config.trials, "", reason=why)),
             on_budget_spent=lambda spent: hook(StudyEvent("budget_stop", 0, config.trials, "", done=round(spent),
                                                           of=round(config.time_budget or 0))))

@@ -16,7 +16,7 @@ from spectune.errors import ConfigError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import best_config_yaml, best_line, decide, fmt, level_rows
-from spectune.results import engine_spread_note, prediction_errors_note, stop_note
+from spectune.results import edge_notes, engine_spread_note, prediction_errors_note, stop_note
 from spectune.storage import safe_url
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ def render_html(view: StudyView) -> str:
             parts.append(f"<p id='prediction-errors'>{e(errors)}</p>")
         if (stopped := stop_note(view)) is not None:
             parts.append(f"<p id='stop'>{e(stopped)}</p>")
+        parts.extend(f"<p class='edge'>{e(note)}</p>" for note in edge_notes(view))
         if (mix := level_rows(view)) is not None:
             parts.append(f"<h3>At each level of the load mix ({e(view.objectives[0])})</h3><table id='levels'><tr>"
                          + "".join(f"<th>{e(h)}</th>" for h in mix[0]) + "</tr>"
@@ -235,6 +236,8 @@ def render_markdown(view: StudyView) -> str:
             lines += [errors, ""]
         if (stopped := stop_note(view)) is not None:
             lines += [stopped, ""]
+        for note in edge_notes(view):
+            lines += [note, ""]
         if (mix := level_rows(view)) is not None:
             lines += [f"At each level of the load mix ({view.objectives[0]}):", "", "| " + " | ".join(mix[0]) + " |", "|" + "---|" * len(mix[0])]
             lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in mix[1]] + [""]

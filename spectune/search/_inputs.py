@@ -25,15 +25,33 @@ from spectune.workloads import WorkloadFeatures
 if TYPE_CHECKING:
     from spectune.predict import Prediction
 
-__all__ = ["measured_trials", "predict_study", "study_inputs"]
+__all__ = ["measured_trials", "predict_study", "study_inputs", "study_space"]
 
 
-def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftReplays | None = None) -> StudyInputs:
+def study_space(view: StudyView) -> SearchSpace:
+    """The space stored with the study (``spectune_config``), with the ranges guided search
+    widened past their edges (:meth:`StudyRecord.widened_ranges`).
+
+    Raises:
+        ConfigError: the study was not made by spectune, or its space cannot be loaded.
+    """
+    record = StudyRecord.of(view.study)
+    cfg = record.spectune_config
+    if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
+        raise ConfigError(f"study {view.name} carries no spectune configuration to read its space from")
+    definition = view.store.definition(view.name)  # a worker elsewhere may not have the space's file
+    space = (validate(SearchSpace, definition["space"], f"study {view.name}") if definition is not None
+             else load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft")))
+    return space.extended(record.widened_ranges())
+
+
+def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftReplays | None = None,
+                 space: SearchSpace | None = None) -> StudyInputs:
     """The unmeasured candidates of the study's space, its baseline (its mean over the engines
     that measured it, :func:`spectune.predict.mean_over_engines`: predictions move from the figures the choice
     compares with) and its measured trials.
 
-    The space is the one stored with the study (``spectune_config``); a candidate counts as
+    The space is :func:`study_space` unless ``space`` is given; a candidate counts as
     measured when a trial completed it or its engine failed on it (a trial interrupted, or
     abandoned by a dead worker, does not count). ``confirmations=False``: the measured
     trials without ``confirm``'s (:meth:`StudyView.measured_rows`), as guided search plans on them.
@@ -47,12 +65,7 @@ def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftRe
         StorageError: the storage cannot be read.
     """
     record = StudyRecord.of(view.study)
-    cfg = record.spectune_config
-    if not isinstance(cfg, dict) or "space" not in cfg or "target" not in cfg:
-        raise ConfigError(f"study {view.name} carries no spectune configuration to read its space from")
-    definition = view.store.definition(view.name)  # a worker elsewhere may not have the space's file
-    space = (validate(SearchSpace, definition["space"], f"study {view.name}") if definition is not None
-             else load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft")))
+    space = space if space is not None else study_space(view)
     done = {spec_key(r.spec) for r in view.rows  # at any engine knobs: the models predict the spec
             if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
     base_row = view.baseline()

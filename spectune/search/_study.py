@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
 from spectune.measurement import spec_key
-from spectune.predict import DEFAULT_MARGIN, DEFAULT_STOP_CHANCE, DraftReplays, chance_to_beat
+from spectune.predict import DEFAULT_MARGIN, DEFAULT_STOP_CHANCE, DraftReplays, chance_to_beat, prediction_sd
 from spectune.records import (
     KNOBS_BY_SAMPLER,
     RECHECK_BEST,
@@ -56,11 +56,13 @@ from spectune.search._base import (
     snapshots,
 )
 from spectune.search._inputs import study_inputs
+from spectune.space import range_text
 from spectune.storage import MeasurementStore
 
 if TYPE_CHECKING:
     import optuna
 
+    from spectune.predict import Prediction
     from spectune.results import Engines, StudyView
     from spectune.space import SearchSpace
 
@@ -102,9 +104,13 @@ class StudyStrategy(SearchStrategy):
         self, *, space: SearchSpace, store: MeasurementStore, url: str, sampler: str, objectives: int,
         trials: int, confirm: int, on_guide_stop: Callable[[int], None] | None = None,
         time_budget: float | None = None, on_budget_spent: Callable[[float], None] | None = None,
-        tolerance: float | None = None, on_guide_stopped: Callable[[str], None] | None = None,
+        tolerance: float | None = None, on_guide_stopped: Callable[[str], None] | None = None, extend: bool = True,
     ) -> None:
         self.space = space
+        self.base_space = space  # as given: the study's widened ranges are applied to it (_sync_space)
+        self.extend = extend
+        self._ranges: dict[str, dict[str, object]] = {}
+        self._edges_told: set[str] = set()
         self.tolerance = tolerance
         self.on_guide_stopped = on_guide_stopped
         self.store = store
@@ -125,6 +131,7 @@ class StudyStrategy(SearchStrategy):
                          "NSGA-II" if objectives > 1 else "TPE")
 
     def decide(self, study: optuna.Study) -> Decision:
+        self._sync_space(study)
         trials = snapshots(study)
         for phase in (self._baseline, self._search, self._confirmations):
             decision = phase(study, trials)
@@ -139,6 +146,52 @@ class StudyStrategy(SearchStrategy):
         if any(t.state == "RUNNING" for t in trials):
             return Wait("the last trials are running on other workers")
         return Stop("the search and its confirmations are done")
+
+    def _sync_space(self, study: optuna.Study) -> None:
+        """The space as the study stands: with the ranges guided search widened, by this worker
+        or another (:attr:`StudyRecord.extensions`)."""
+        if not self.guided:
+            return
+        ranges = StudyRecord.of(study).widened_ranges()
+        if ranges != self._ranges:
+            self._ranges = ranges
+            self.space = self.base_space.extended(ranges)
+            self.candidates = count_candidates(self.space)
+
+    def _past_edges(self, study: optuna.Study, standing: _Standing) -> SearchSpace | None:
+        """Where the pick, or a configuration it cannot be told from, sits on the edge of a range
+        the space lets grow (:meth:`SearchSpace.edges`): the space with those ranges widened past
+        the edges, else None. With ``extend`` the study keeps the wider space (every worker reads
+        it from :attr:`StudyRecord.extensions`) and measures what its models find worth measuring
+        there; without, the wider space is only predicted and reported."""
+        wider, grown = self.space, []
+        for leader in standing.leaders():
+            spec = SpecConfig.model_validate(leader.row.spec)
+            for param, side in self.space.edges(spec):
+                if (more := wider.widened(param, side)) is not None and param not in {g[0] for g in grown}:
+                    grown.append((param, side, leader, wider.domain(param), more.domain(param)))
+                    wider = more
+        if not grown:
+            return None
+        if not self.extend:
+            for param, _, leader, was, _ in grown:
+                if param not in self._edges_told:
+                    self._edges_told.add(param)
+                    _logger.info("%s (trial %d) sits on the edge of %s (%s); the study keeps to its space "
+                                 "(extend: false): what lies beyond is predicted, not measured",
+                                 leader.row.label, leader.row.number, param, range_text(was.model_dump(mode="json")))
+            return wider
+        events = list(StudyRecord.of(study).extensions or ())
+        for param, _, leader, was, now in grown:
+            assert now is not None
+            _logger.info("%s (trial %d) sits on the edge of %s (%s): guided search widens it to %s "
+                         "(--no-extend keeps to the space)", leader.row.label, leader.row.number, param,
+                         range_text(was.model_dump(mode="json")), range_text(now.model_dump(mode="json")))
+            events.append({"param": param, "range": now.model_dump(mode="json"), "was": was.model_dump(mode="json"),
+                           "because": f"{leader.row.label} (trial {leader.row.number}) sits on its edge"})
+        write_study_fields(study, extensions=events)
+        self._sync_space(study)
+        return None
 
     def _out_of_time(self, trials: Sequence[Snapshot]) -> float | None:
         """The engine time spent, where one more trial would take the study past its
@@ -239,12 +292,16 @@ class StudyStrategy(SearchStrategy):
         standing = _standing(view, maximize, self.tolerance)
         if (recheck := self._recheck_surprise(trials, standing)) is not None:  # before anything is fitted on that engine
             return recheck
-        inputs = study_inputs(view, confirmations=False, drafts=self.drafts)  # the search plans on its own measurements
+        beyond = self._past_edges(study, standing)  # kept to the space: what lies past its edges, predicted only
+        # the search plans on its own measurements
+        inputs = study_inputs(view, confirmations=False, drafts=self.drafts, space=beyond or self.space)
         busy = {spec_key(t.rec.spec) for t in trials if t.in_flight and t.rec.spec}  # other workers' candidates
         if inputs.candidates and all(spec_key(c.to_vllm()) in busy for c in inputs.candidates):
             return Wait("every candidate left is running on another worker")
         # the running candidates predicted too: the plan counts them at what they will likely measure
         predictions = inputs.predict()
+        outside = [p for p in predictions if beyond is not None and not _holds(self.space, p.spec)]
+        predictions = [p for p in predictions if p not in outside]
         running = [p for p in predictions if spec_key(p.spec.to_vllm()) in busy]
         todo = [p for p in predictions if spec_key(p.spec.to_vllm()) not in busy]
         top = standing.top
@@ -271,6 +328,7 @@ class StudyStrategy(SearchStrategy):
                              "which spectune has no model of") if self.space.knobs else None,
             "candidates_left": len(plan.candidates),
             "running": [p.label for p in running],  # counted at their predictions
+            "beyond_edge": _beyond_edge(outside, standing) if outside else None,
             "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                          "optimistic": p.value.high if maximize else p.value.low, "source": p.source,
                          "chance": plan.chances.get(p.label)}
@@ -408,6 +466,24 @@ STOP_CHANCE = DEFAULT_STOP_CHANCE
 this chance of beating the pick by more than the tolerance."""
 
 
+def _holds(space: SearchSpace, spec: SpecConfig) -> bool:
+    """Whether ``spec`` is a candidate of ``space``."""
+    try:
+        space.params_of(spec)
+    except ConfigError:
+        return False
+    return True
+
+
+def _beyond_edge(outside: Sequence[Prediction], standing: _Standing) -> dict[str, object]:
+    """What a study kept to its space predicts past the edges: how many candidates, the best of
+    them and its chance of beating the pick by more than the tolerance."""
+    best = max(outside, key=lambda p: p.value.value if standing.maximize else -p.value.value)
+    chance = chance_to_beat(best.value.value, prediction_sd(best, maximize=standing.maximize), standing.pick,
+                            standing.pick_sd, tolerance=standing.tolerance, maximize=standing.maximize)
+    return {"candidates": len(outside), "best": best.label, "predicted": best.value.value, "chance": chance}
+
+
 def _again(trials: Sequence[Snapshot], number: int, why: str) -> Run:
     """Trial ``number``'s configuration measured again on a fresh engine, for guided search's
     reason ``why`` (a RECHECK_* of :mod:`spectune.records`)."""
@@ -451,6 +527,15 @@ class _Standing:
     def chance_of(self, c: Engines) -> float:
         return chance_to_beat(c.value, self.sd(c), self.pick, self.pick_sd, tolerance=self.tolerance,
                               maximize=self.maximize)
+
+    def leaders(self) -> list[Engines]:
+        """The pick, and the speculative configurations it cannot be told from: within the
+        tolerance of it, or more than :data:`STOP_CHANCE` likely to beat it by more."""
+        if self.top is None:
+            return []
+        near = [c for c in self.rivals
+                if abs(c.value - self.pick) <= self.tolerance * abs(self.pick) or self.chance_of(c) > STOP_CHANCE]
+        return [c for c in (self.top, *near) if not c.row.is_baseline]
 
     def contenders(self) -> list[tuple[Engines, float]]:
         """Rivals measured on one engine whose chance exceeds :data:`STOP_CHANCE`, likeliest first.

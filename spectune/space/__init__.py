@@ -60,7 +60,7 @@ does not, use :meth:`SearchSpace.enumerate` with ``study.enqueue_trial`` instead
 """
 
 
-from spectune.space._domains import Domain, FloatDomain, IntDomain
+from spectune.space._domains import Domain, FloatDomain, IntDomain, range_text
 from spectune.space._drafts import draft_method, local_heads, route_drafts
 from spectune.space._load import (
     SHIPPED_SPACES,
@@ -73,6 +73,7 @@ from spectune.space._methods import FixedEngineArgs, MethodSpace
 from spectune.space._space import KNOB_PREFIX, SearchSpace
 
 __all__ = [
+    "range_text",
     "KNOB_PREFIX",
     "SHIPPED_SPACES",
     "SPACES_ENV",

@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     ConfigDict,
@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from optuna.trial import BaseTrial
 
 
-__all__ = ["DOMAIN_FIELDS", "ENV_KEY", "PARAMS", "PLACEHOLDER", "ChoiceDomain", "Domain", "FloatDomain", "IntDomain",
-           "check_bounds", "choices", "knob_domain", "method_params"]
+__all__ = ["DOMAIN_FIELDS", "ENV_KEY", "EXTENDABLE", "PARAMS", "PLACEHOLDER", "ChoiceDomain", "Domain", "FloatDomain", "IntDomain",
+           "check_bounds", "choices", "knob_domain", "method_params", "range_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +153,10 @@ class Domain(StrictModel):
             out["step"] = self.step
         if getattr(self, "log", False):
             out["log"] = True
+        if getattr(self, "hard", False):
+            out["hard"] = True
+        if getattr(self, "bounds", None) is not None:
+            out["bounds"] = list(self.bounds)  # type: ignore[attr-defined]
         return out
 
     # -- queries -----------------------------------------------------------------------------
@@ -224,15 +228,60 @@ class Domain(StrictModel):
 
 
 class IntDomain(Domain):
-    """Domain of an integer parameter. A range enumerates every value on its grid."""
+    """Domain of an integer parameter. A range enumerates every value on its grid.
+
+    Guided search may widen a range of :data:`EXTENDABLE` past an edge where its pick sits
+    (:meth:`widened`), within ``bounds`` (default: the field's own limits, and at most four times
+    ``high``); ``hard: true`` keeps the range as given.
+    """
 
     choices: tuple[StrictInt, ...] | None = None
     low: StrictInt | None = None
     high: StrictInt | None = None
     step: StrictInt | None = Field(default=None, ge=1)
+    hard: StrictBool = False
+    bounds: tuple[StrictInt, StrictInt] | None = None
 
     _integer: ClassVar[bool] = True
     _what: ClassVar[str] = "an integer"
+
+    @model_validator(mode="after")
+    def _extension(self) -> IntDomain:
+        if (self.hard or self.bounds is not None) and self.choices is not None:
+            raise ValueError("hard and bounds apply to a range {low, high}: a list of choices is kept as given")
+        if self.hard and self.bounds is not None:
+            raise ValueError("give hard or bounds, not both")
+        if self.bounds is not None and not self.bounds[0] <= self.low <= self.high <= self.bounds[1]:
+            raise ValueError(f"bounds {list(self.bounds)} must hold the range {self.low}..{self.high}")
+        return self
+
+    def limits(self, field: str) -> tuple[int, int]:
+        """How far guided search may widen this range: ``bounds``; the range itself when ``hard``
+        (or a list of choices); else down to the field's own lower limit and up to the smaller of
+        its upper limit and four times ``high``."""
+        if self.choices is not None or self.hard:
+            return self.lowest, self.highest
+        if self.bounds is not None:
+            return self.bounds
+        lo, hi = _field_limits(field)
+        step = self.step or 1
+        top = max(4 * self.high, self.high + 4 * step)
+        return (self.low if lo is None else min(self.low, lo + (self.low - lo) % step),
+                top if hi is None else max(self.high, min(top, hi)))
+
+    def widened(self, field: str, side: Literal["low", "high"]) -> IntDomain | None:
+        """This range grown past its ``side`` by its own width (at most to :meth:`limits`, on its
+        grid), carrying its limits; None where it cannot grow that way."""
+        if self.choices is not None or self.hard or self.is_fixed:
+            return None
+        lo, hi = self.limits(field)
+        step = self.step or 1
+        width = self.high - self.low + step
+        if side == "high":
+            high = self.high + min(width, (hi - self.high) // step * step)
+            return None if high == self.high else self.model_copy(update={"high": high, "bounds": (lo, hi)})
+        low = self.low - min(width, (self.low - lo) // step * step)
+        return None if low == self.low else self.model_copy(update={"low": low, "bounds": (lo, hi)})
 
     def values(self) -> list[Any]:
         if self.choices is not None:
@@ -303,6 +352,25 @@ class ChoiceDomain(Domain):
 
     def contains(self, value: Any) -> bool:
         return self.choices is not None and any(type(value) is type(c) and value == c for c in self.choices)
+
+
+EXTENDABLE = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "suffix_decoding_max_tree_depth")
+"""The fields whose integer ranges guided search may widen past an edge (:meth:`IntDomain.widened`)."""
+
+
+def _field_limits(field: str) -> tuple[int | None, int | None]:
+    """SpecConfig's own lower and upper limit of integer ``field`` (None where it sets none)."""
+    lo = hi = None
+    for m in SpecConfig.model_fields[field].metadata:
+        lo = getattr(m, "ge", lo)
+        hi = getattr(m, "le", hi)
+    return lo, hi
+
+
+def range_text(data: Mapping[str, Any]) -> str:
+    """A range's dump (``{low, high, step}``) as the log and the notes show it: ``1..12 step 2``."""
+    step = data.get("step")
+    return f"{data.get('low')}..{data.get('high')}" + (f" step {step}" if step not in (None, 1) else "")
 
 
 def choices(values: Sequence[str]) -> Domain:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     ConfigDict,
@@ -20,6 +20,7 @@ from spectune.config import NEEDS_K, NEEDS_MODEL, EngineArgs, Method, engine_fie
 from spectune.space._domains import (
     DOMAIN_FIELDS,
     ENV_KEY,
+    EXTENDABLE,
     PLACEHOLDER,
     ChoiceDomain,
     Domain,
@@ -163,6 +164,19 @@ class MethodSpace(StrictModel):
             raise ValueError(f"method {m} needs num_speculative_tokens")
         self._steps()  # raises when prompt_lookup_min/max cannot be kept in order
         return self
+
+    def edges(self, values: Mapping[str, Any]) -> list[tuple[str, Literal["low", "high"]]]:
+        """Where a candidate of this method (its field values) sits on the edge of a tuned range
+        that guided search may widen (:data:`EXTENDABLE`, :meth:`IntDomain.widened`): (field, side)."""
+        out: list[tuple[str, Literal["low", "high"]]] = []
+        for field in EXTENDABLE:
+            domain = getattr(self, field)
+            if not isinstance(domain, IntDomain) or domain.choices is not None or domain.is_fixed:
+                continue
+            for side, edge in (("high", domain.high), ("low", domain.low)):
+                if values.get(field) == edge and domain.widened(field, side) is not None:  # type: ignore[arg-type]
+                    out.append((field, side))  # type: ignore[arg-type]
+        return out
 
     # -- the walk shared by suggest, params_of and enumerate ---------------------------------
 

@@ -8,7 +8,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     Field,
@@ -21,7 +21,7 @@ from pydantic import (
 from spectune._util import StrictModel, validate
 from spectune.config import ENGINE_KNOBS, NEEDS_MODEL, EngineArgs, Method, SpecConfig, engine_method_error
 from spectune.errors import ConfigError
-from spectune.space._domains import PLACEHOLDER, Domain, knob_domain
+from spectune.space._domains import DOMAIN_FIELDS, PLACEHOLDER, Domain, IntDomain, knob_domain
 from spectune.space._methods import FixedEngineArgs, MethodSpace
 
 if TYPE_CHECKING:
@@ -286,6 +286,46 @@ class SearchSpace(StrictModel):
                         f"{self._where()}more than {limit} candidates; narrow the ranges or list choices"
                     )
         return out
+
+    # -- past the edges ------------------------------------------------------------------------
+
+    def edges(self, spec: SpecConfig) -> list[tuple[str, Literal["low", "high"]]]:
+        """The tuned ranges whose edge ``spec`` sits on, and that guided search may widen there:
+        (``method.field``, side) (:meth:`MethodSpace.edges`)."""
+        space = self.methods.get(spec.method)
+        if space is None:
+            return []
+        return [(f"{spec.method.value}.{field}", side) for field, side in space.edges(spec.model_dump())]
+
+    def domain(self, param: str) -> Domain | None:
+        """The domain of ``method.field``, or None where the space has none."""
+        method, _, field = param.partition(".")
+        space = self.methods.get(Method(method)) if method in {m.value for m in Method} else None
+        domain = getattr(space, field, None) if space is not None and field in DOMAIN_FIELDS else None
+        return domain if isinstance(domain, Domain) else None
+
+    def with_domain(self, param: str, domain: Domain) -> SearchSpace:
+        """A copy with ``method.field``'s domain replaced (a widened range)."""
+        method, _, field = param.partition(".")
+        m = Method(method)
+        return self.model_copy(update={"methods": {**self.methods, m: self.methods[m].model_copy(update={field: domain})}})
+
+    def widened(self, param: str, side: Literal["low", "high"]) -> SearchSpace | None:
+        """A copy with ``method.field``'s range grown past its ``side`` (:meth:`IntDomain.widened`);
+        None where it cannot grow."""
+        domain = self.domain(param)
+        wider = domain.widened(param.partition(".")[2], side) if isinstance(domain, IntDomain) else None
+        return self.with_domain(param, wider) if wider is not None else None
+
+    def extended(self, domains: Mapping[str, Mapping[str, Any]]) -> SearchSpace:
+        """A copy with the ranges a study widened (``method.field`` -> the range, as
+        :class:`~spectune.records.StudyRecord`'s ``extensions`` keep them); a method this
+        space lacks is passed over."""
+        space = self
+        for param, data in domains.items():
+            if space.domain(param) is not None:
+                space = space.with_domain(param, IntDomain.model_validate(data))
+        return space
 
     def engine_fields(self, method: Method) -> list[str]:
         """The further fields of vLLM's SpeculativeConfig that ``method``'s candidates set
