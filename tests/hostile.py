@@ -724,7 +724,7 @@ def _opt_values() -> None:
             "--sampler": either(st.sampled_from(["guided", "tpe", "random", "grid"]), text), "--confirm": text,
             "--time-budget": either(DURATIONS, text), "--tolerance": text, "--max-memory": text,
             "--min-kv-cache-tokens": text, "--gpus": text, "--storage-outage-limit": either(DURATIONS, text),
-            "--config": st.sampled_from(["@FIX@/w.jsonl", "@CASE@", "nope.yaml", ""]),
+            "--config": st.sampled_from(["@FIX@/w.jsonl", "@CASE@", "nope.yaml", ""]), "--no-extend": st.just(""),
         },
         "import": {"--study": study, "--storage": storage, "--engine-arg": text,
                    "--spec": either(spec_values.filter(lambda v: isinstance(v, str)), text)},
@@ -736,7 +736,7 @@ def _opt_values() -> None:
 
 
 _opt_values()
-FLAGS = {"--json", "--schedule"}
+FLAGS = {"--json", "--schedule", "--no-extend"}
 STRAYS = ["--bogus", "-x", "--", "--help", "extra", "--storage", "--study=", "--trials=0", "-v"]
 
 

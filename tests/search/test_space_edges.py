@@ -109,3 +109,16 @@ def test_workers_measure_past_the_edge_that_another_widened(landscape: Landscape
     view = open_study(f"sqlite:///{tmp_path / 'fleet.db'}", "fleet")
     assert len(StudyRecord.of(view.study).extensions or []) == 1  # widened once, seen by both slots
     assert all(t.state.name == "COMPLETE" for t in view.study.trials)
+
+
+def test_no_extend_on_the_command_line_is_kept_with_the_study(tmp_path: Path) -> None:
+    from spectune.cli import main
+
+    storage = f"sqlite:///{tmp_path / 's.db'}"
+    for study, flags in (("kept", ["--no-extend"]), ("free", [])):
+        with pytest.raises(SystemExit) as exit_:
+            main(["optimize", "--target", str(tmp_path), "--workload", "humaneval", "--storage", storage,
+                  "--study", study, "--create-only", *flags])
+        assert exit_.value.code == 0
+    stored = {name: StudyRecord.of(open_study(storage, name).study).spectune_config for name in ("kept", "free")}
+    assert stored["kept"]["extend"] is False and stored["free"]["extend"] is True  # type: ignore[index]
