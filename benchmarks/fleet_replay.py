@@ -22,9 +22,7 @@ Writes benchmarks/results/fleet_replay.json (with the date, the machine and its 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
-import heapq
 import json
 import logging
 import math
@@ -32,15 +30,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from spectune.errors import EngineError
 from spectune.landscape import Landscape
-from spectune.measurement import spec_key
-from spectune.objective import TrialFunction
 from spectune.provenance import hardware, versions
-from spectune.search import Stop, StudyStrategy, Wait
-from spectune.storage import StorageGuard
-from spectune.study import create_study
-from spectune.worker import Slot, _Worker
+from spectune.worker import replay_on_clock
 
 HERE = Path(__file__).resolve().parent
 WITHIN = 0.02
@@ -55,34 +47,7 @@ def replay(landscape: Landscape, storage: str, name: str, workers: int, trials: 
     they ended, each with the engine second it ended."""
     config = landscape.config(storage=storage, study_name=name, sampler="guided", trials=trials,
                               log_dir=str(work / "logs"))
-    ctx = create_study(config)
-    guard = StorageGuard(ctx.url, config.storage_outage_limit)
-    strategy = StudyStrategy(space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler,
-                             objectives=len(config.objectives), trials=config.trials, confirm=config.confirm,
-                             time_budget=config.time_budget, tolerance=config.tolerance)
-    run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
-                        prompts=ctx.prompts, measure=landscape.measurer(), hook=lambda e: None, guard=guard)
-    worker = _Worker(ctx, strategy, run, [Slot((i,)) for i in range(workers)], 0.0, guard)
-    engines, starts = landscape.engines(), {}
-    now, running, asking, ended = 0.0, [], list(range(workers)), []
-    while True:
-        waiting = []
-        for i in asking:
-            claimed = worker.claim(worker.slots[i])
-            if isinstance(claimed, Wait):
-                waiting.append(i)
-            elif not isinstance(claimed, Stop):
-                key = spec_key(claimed.spec.to_vllm())
-                n = starts[key] = starts.get(key, -1) + 1
-                seconds = engines[key][n % len(engines[key])].engine_seconds
-                heapq.heappush(running, (now + seconds, claimed.trial.number, i, claimed))
-        if not running:
-            return ended
-        now, _, i, claimed = heapq.heappop(running)
-        with contextlib.suppress(EngineError):
-            worker.measure(claimed, worker.slots[i])
-        ended.append((now, claimed.spec.label()))
-        asking = sorted({*waiting, i})
+    return replay_on_clock(config, landscape.measurer(), landscape.engine_clock(), workers)
 
 
 def main() -> None:

@@ -249,6 +249,20 @@ class Landscape(StrictModel):
 
     # -- replaying -----------------------------------------------------------------------
 
+    def engine_clock(self) -> Callable[[SpecConfig], float]:
+        """How long each trial takes on a virtual clock (:func:`spectune.worker.replay_on_clock`):
+        the n-th call for a candidate gives its n-th recorded engine start's seconds (in turn when
+        it has fewer), the start :meth:`measurer` answers that trial with."""
+        engines = self.engines()
+        calls: dict[str, int] = {}
+
+        def seconds(spec: SpecConfig) -> float:
+            key = spec_key(spec.to_vllm())
+            n = calls[key] = calls.get(key, -1) + 1
+            return engines[key][n % len(engines[key])].engine_seconds
+
+        return seconds
+
     def measurer(self, spent: list[tuple[str, float]] | None = None) -> Callable[..., Measurement]:
         """A stand-in for :func:`spectune.trial.measure` that answers from this landscape.
 

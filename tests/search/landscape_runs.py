@@ -5,13 +5,11 @@ slots of one worker on a virtual clock (:func:`replay_workers`)."""
 
 from __future__ import annotations
 
-import contextlib
-
 from spectune.config import SpecConfig
-from spectune.errors import EngineError
 from spectune.landscape import Landscape
 from spectune.measurement import Measurement
 from spectune.study import StudyConfig
+from spectune.worker import replay_on_clock
 
 
 def landscape_values(landscape: Landscape) -> dict[str, float]:
@@ -61,44 +59,6 @@ def second_engine(landscape: Landscape, factor: float, spent: list[tuple[str, fl
     return measure
 
 def replay_workers(config: StudyConfig, landscape: Landscape, slots: int) -> list[tuple[float, str]]:
-    """Study ``config`` worked on by ``slots`` slots of one worker, on a virtual clock: a trial takes its
-    recorded engine seconds, a slot told to wait asks again once the next trial ends, and free slots ask in
-    turn. Deterministic (no threads, no sleeping); the worker's own claim and measure do the rest. The trials
-    in the order they ended, each with the virtual second it ended."""
-    import heapq
-
-    from spectune.measurement import spec_key
-    from spectune.objective import TrialFunction
-    from spectune.search import Stop, StudyStrategy, Wait
-    from spectune.storage import StorageGuard
-    from spectune.study import create_study
-    from spectune.worker import Slot, _Worker
-
-    ctx = create_study(config)
-    guard = StorageGuard(ctx.url, config.storage_outage_limit)
-    strategy = StudyStrategy(space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler,
-                             objectives=len(config.objectives), trials=config.trials, confirm=config.confirm,
-                             time_budget=config.time_budget, tolerance=config.tolerance)
-    run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
-                        prompts=ctx.prompts, measure=landscape.measurer(), hook=lambda e: None, guard=guard)
-    worker = _Worker(ctx, strategy, run, [Slot((i,)) for i in range(slots)], 0.0, guard)
-    engines, starts = landscape.engines(), {}
-    now, running, asking, ended = 0.0, [], list(range(slots)), []
-    while True:
-        waiting = []
-        for i in asking:
-            claimed = worker.claim(worker.slots[i])
-            if isinstance(claimed, Wait):
-                waiting.append(i)
-            elif not isinstance(claimed, Stop):
-                key = spec_key(claimed.spec.to_vllm())
-                n = starts[key] = starts.get(key, -1) + 1  # the n-th start, as the measurer answers it
-                seconds = engines[key][n % len(engines[key])].engine_seconds
-                heapq.heappush(running, (now + seconds, claimed.trial.number, i, claimed))
-        if not running:
-            return ended
-        now, _, i, claimed = heapq.heappop(running)
-        with contextlib.suppress(EngineError):
-            worker.measure(claimed, worker.slots[i])
-        ended.append((now, claimed.spec.label()))
-        asking = sorted({*waiting, i})
+    """Study ``config`` worked on by ``slots`` slots of one worker on a virtual clock (:func:`replay_on_clock`),
+    each trial taking its recorded engine seconds: the trials in the order they ended, with the second each ended."""
+    return replay_on_clock(config, landscape.measurer(), landscape.engine_clock(), slots)
