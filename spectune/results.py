@@ -464,6 +464,8 @@ class StudyView:
     def levels(self, choice: Choice) -> list[LevelRow] | None:
         """The load mix level by level: ``choice`` and the best at each level against the
         baseline; None when the study measures no mix (or its baseline has no levels stored)."""
+        if not self._is_mix():  # its stored configuration says: nothing to load
+            return None
         try:
             objective = Objective(self.objectives[0])
         except ValueError:  # a study spectune did not make
