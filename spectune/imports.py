@@ -157,8 +157,9 @@ def _candidate(path: Path, data: Mapping[str, Any], ctx: StudyContext, spec: Spe
                               f"(--metadata {name}=VALUE); give --engine-arg {name}=VALUE")
         chosen[name] = value
     try:
-        ctx.space.params_of(spec)
-        ctx.space.engine_params_of(chosen)
+        space = ctx.current_space()  # a result past an edge guided search widened is a candidate too
+        space.params_of(spec)
+        space.engine_params_of(chosen)
     except ConfigError as e:
         raise ConfigError(f"{path}: not a candidate of study {ctx.study.study_name}'s space: {e}") from None
     return spec, chosen
@@ -321,7 +322,7 @@ def import_results(storage: str | None, study_name: str, paths: Sequence[Path], 
 
 def _write(ctx: StudyContext, item: Imported) -> None:
     """One imported result as a completed trial, with its measurement in spectune's table."""
-    study, space = ctx.study, ctx.space
+    study, space = ctx.study, ctx.current_space()
     params = {**space.params_of(item.spec), **space.engine_params_of(item.knobs)}
     study.enqueue_trial(params, user_attrs=TrialRecord(imported=str(item.path)).attrs())
     with warnings.catch_warnings():  # heartbeats are for running trials; this one is told at once

@@ -207,10 +207,6 @@ class StudyRecord(BaseModel):
         """The record of an Optuna study (or a study summary)."""
         return cls.model_validate(study.user_attrs)
 
-    def widened_ranges(self) -> dict[str, dict[str, Any]]:
-        """Each range guided search widened (``method.field``), as it stands after its last widening."""
-        return {e["param"]: e["range"] for e in self.extensions or () if "param" in e and "range" in e}
-
     @property
     def made_by_spectune(self) -> bool:
         return self.spectune_config is not None or self.objectives is not None

@@ -235,7 +235,9 @@ def edge_notes(view: StudyView) -> list[str]:
              for e in record.extensions or () if isinstance(e, dict) and "param" in e and isinstance(e.get("range"), dict)]
     beyond = (record.guide or {}).get("beyond_edge")
     if isinstance(beyond, dict) and beyond.get("best"):
-        notes.append(f"The pick sits on the edge of the space, which the study keeps to (extend: false): past it, "
+        where = "; ".join(f"{e['at']} sits on the edge of {e['param']}" for e in beyond.get("edges") or ()
+                          if isinstance(e, dict)) or "the pick sits on an edge of the space"
+        notes.append(f"The study keeps to its space (extend: false), though {where}: past it, "
                      f"{beyond['candidates']} candidates are predicted, the best {beyond['best']} at "
                      f"{beyond['predicted']:.4g} with a {beyond['chance']:.0%} chance of beating the pick; not measured.")
     return notes

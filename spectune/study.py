@@ -267,6 +267,11 @@ class StudyContext:
     engine: EngineArgs
     prompts: list[Prompt]
 
+    def current_space(self) -> SearchSpace:
+        """:attr:`space` with the ranges guided search has widened past its edges so far, as the
+        study keeps them (:attr:`~spectune.records.StudyRecord.extensions`, read from the storage)."""
+        return self.space.extended(StudyRecord.of(self.study).extensions or [])
+
 
 PLACEMENT_ENV = ("CUDA_VISIBLE_DEVICES",)
 """Environment that says where an engine runs, not what it measures: left out of a study's

@@ -298,7 +298,7 @@ class _Worker:
                     if study._storage.get_heartbeat_interval() is not None:  # noqa: SLF001
                         study._storage.record_heartbeat(trial._trial_id)  # noqa: SLF001
                 trial = mine[0]
-                space = self.ctx.space.extended(StudyRecord.of(study).widened_ranges())  # as guided search widened it
+                space = self.ctx.current_space()  # as guided search widened it, on any worker
                 spec = space.suggest(trial)
                 knobs = space.suggest_engine(trial)  # the study's sampler draws those not enqueued
                 key = candidate_key(spec.to_vllm(), knobs)

@@ -159,14 +159,32 @@ def _local_weights(model: str) -> Path | None:
 class DraftReplays:
     """:func:`draft_guesses` and :func:`head_chains`, kept per proposer, dtype and outputs while
     the owner lives (guided search predicts again after every trial: a worker's search keeps
-    one), and the proposers that would not run, not tried again. Not thread-safe: one owner."""
+    one), and the proposers that would not run, not tried again; and each candidate's replayed
+    acceptance on the same outputs (:meth:`acceptance`). Not thread-safe: one owner."""
 
     KEPT = 8
     """Replays kept at most (the oldest is dropped first)."""
+    KEPT_ACCEPTANCE = 4096
+    """Candidates' replayed acceptances kept at most (the oldest is dropped first)."""
 
     def __init__(self) -> None:
         self._kept: dict[tuple[str, str, str, int], DraftGuesses | HeadChains] = {}
         self._refused: set[tuple[str, str, str]] = set()
+        self._acceptance: dict[tuple[str, int], Any] = {}
+        self._outputs: tuple[Sequence[ReplayRequest], int] | None = None
+
+    def acceptance(self, candidate: str, requests: Sequence[ReplayRequest], replay: Callable[[], Any]) -> Any:
+        """``replay()`` of ``candidate`` (its configuration as text) along ``requests``, run once
+        per outputs while this lives: a replay of every n-gram window or suffix setting of a large
+        space costs most of a prediction, and guided search predicts again after every trial."""
+        if self._outputs is None or self._outputs[0] is not requests:  # held: its id cannot be reused meanwhile
+            self._outputs = (requests, hash(tuple((tuple(p), tuple(o)) for p, o in recorded_pairs(requests))))
+        key = (candidate, self._outputs[1])
+        if key not in self._acceptance:
+            if len(self._acceptance) >= self.KEPT_ACCEPTANCE:
+                self._acceptance.pop(next(iter(self._acceptance)))
+            self._acceptance[key] = replay()
+        return self._acceptance[key]
 
     def guesses(self, requests: Sequence[ReplayRequest], model: str, *, dtype: str | None = None) -> DraftGuesses | None:
         """The draft's guesses along ``requests``; None when the draft is not on this machine

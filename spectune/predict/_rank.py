@@ -190,9 +190,9 @@ def _acceptance(spec: SpecConfig, baseline: Measurement, measured: Sequence[Meas
                 learned: LearnedAcceptance | None = None, features: Mapping[str, float] | None = None) -> _Accept:
     k = effective_k(spec) or 1
     if spec.method in (Method.NGRAM, Method.SUFFIX, Method.DRAFT_MODEL, Method.EAGLE3):
-        key = spec.model_dump_json()
+        key = f"{spec.model_dump_json()} {baseline.engine.max_model_len}"
         if key not in replays:
-            replays[key] = _replay(spec, baseline, drafts)
+            replays[key] = drafts.acceptance(key, baseline.requests, lambda: _replay(spec, baseline, drafts))
         rep = replays[key]
         if rep is not None:
             note = f"{rep.num_drafts} drafts over {rep.num_requests} requests" + _OFFLINE.get(spec.method, "")

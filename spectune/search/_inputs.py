@@ -30,7 +30,7 @@ __all__ = ["measured_trials", "predict_study", "study_inputs", "study_space"]
 
 def study_space(view: StudyView) -> SearchSpace:
     """The space stored with the study (``spectune_config``), with the ranges guided search
-    widened past their edges (:meth:`StudyRecord.widened_ranges`).
+    widened past their edges (:attr:`StudyRecord.extensions`, :meth:`SearchSpace.extended`).
 
     Raises:
         ConfigError: the study was not made by spectune, or its space cannot be loaded.
@@ -42,7 +42,7 @@ def study_space(view: StudyView) -> SearchSpace:
     definition = view.store.definition(view.name)  # a worker elsewhere may not have the space's file
     space = (validate(SearchSpace, definition["space"], f"study {view.name}") if definition is not None
              else load_space(cfg["space"]).resolve(cfg["target"], draft=cfg.get("draft")))
-    return space.extended(record.widened_ranges())
+    return space.extended(record.extensions or [])
 
 
 def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftReplays | None = None,

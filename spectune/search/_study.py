@@ -109,8 +109,9 @@ class StudyStrategy(SearchStrategy):
         self.space = space
         self.base_space = space  # as given: the study's widened ranges are applied to it (_sync_space)
         self.extend = extend
-        self._ranges: dict[str, dict[str, object]] = {}
-        self._edges_told: set[str] = set()
+        self._widenings: list[dict[str, object]] = []
+        self._edges_kept: list[tuple[str, Engines]] = []  # extend false: where the leaders sit on an edge
+        self._edges_told: set[tuple[str, str]] = set()  # what the log said once
         self.tolerance = tolerance
         self.on_guide_stopped = on_guide_stopped
         self.store = store
@@ -152,10 +153,10 @@ class StudyStrategy(SearchStrategy):
         or another (:attr:`StudyRecord.extensions`)."""
         if not self.guided:
             return
-        ranges = StudyRecord.of(study).widened_ranges()
-        if ranges != self._ranges:
-            self._ranges = ranges
-            self.space = self.base_space.extended(ranges)
+        widenings = StudyRecord.of(study).extensions or []
+        if widenings != self._widenings:
+            self._widenings = widenings
+            self.space = self.base_space.extended(widenings)
             self.candidates = count_candidates(self.space)
 
     def _past_edges(self, study: optuna.Study, standing: _Standing) -> SearchSpace | None:
@@ -168,18 +169,28 @@ class StudyStrategy(SearchStrategy):
         for leader in standing.leaders():
             spec = SpecConfig.model_validate(leader.row.spec)
             for param, side in self.space.edges(spec):
-                if (more := wider.widened(param, side)) is not None and param not in {g[0] for g in grown}:
-                    grown.append((param, side, leader, wider.domain(param), more.domain(param)))
-                    wider = more
+                if param in {g[0] for g in grown} or (more := wider.widened(param, side)) is None:
+                    continue
+                size = count_candidates(more)
+                if size is None or size > WIDEN_MAX_CANDIDATES:
+                    if (param, "size") not in self._edges_told:
+                        self._edges_told.add((param, "size"))
+                        _logger.info("%s (trial %d) sits on the edge of %s, which is not widened: the space would "
+                                     "hold %s candidates, more than %d", leader.row.label, leader.row.number, param,
+                                     size or "too many", WIDEN_MAX_CANDIDATES)
+                    continue
+                grown.append((param, side, leader, wider.domain(param), more.domain(param)))
+                wider = more
         if not grown:
             return None
         if not self.extend:
             for param, _, leader, was, _ in grown:
-                if param not in self._edges_told:
-                    self._edges_told.add(param)
+                if (param, "kept") not in self._edges_told:
+                    self._edges_told.add((param, "kept"))
                     _logger.info("%s (trial %d) sits on the edge of %s (%s); the study keeps to its space "
                                  "(extend: false): what lies beyond is predicted, not measured",
                                  leader.row.label, leader.row.number, param, range_text(was.model_dump(mode="json")))
+            self._edges_kept = [(param, leader) for param, _, leader, _, _ in grown]
             return wider
         events = list(StudyRecord.of(study).extensions or ())
         for param, _, leader, was, now in grown:
@@ -192,6 +203,17 @@ class StudyStrategy(SearchStrategy):
         write_study_fields(study, extensions=events)
         self._sync_space(study)
         return None
+
+    def _widened_at_end(self, study: optuna.Study) -> bool:
+        """Whether the space, every candidate of it measured, grew past an edge its pick sits on."""
+        from spectune.results import StudyView
+
+        view = StudyView(study, self.store, self.url)
+        if view.baseline() is None:
+            return False
+        before = self.candidates
+        self._past_edges(study, _standing(view, view.maximize, self.tolerance))
+        return self.candidates != before
 
     def _out_of_time(self, trials: Sequence[Snapshot]) -> float | None:
         """The engine time spent, where one more trial would take the study past its
@@ -236,6 +258,8 @@ class StudyStrategy(SearchStrategy):
         finished = sum(1 for t in trials if t.finished)
         going = [t for t in trials if t.in_flight and not t.rec.measured_again and t.rec.duplicate_of is None]
         everything = self.candidates is not None and finished >= self.candidates
+        if everything and self.guided and self.extend and finished + len(going) < self.trials:
+            everything = not self._widened_at_end(study)  # the space measured through: its edges may grow
         if everything:
             _logger.info("every candidate of the space has been measured")
         if finished + len(going) < self.trials and not everything:
@@ -328,7 +352,7 @@ class StudyStrategy(SearchStrategy):
                              "which spectune has no model of") if self.space.knobs else None,
             "candidates_left": len(plan.candidates),
             "running": [p.label for p in running],  # counted at their predictions
-            "beyond_edge": _beyond_edge(outside, standing) if outside else None,
+            "beyond_edge": _beyond_edge(outside, standing, self._edges_kept) if outside else None,
             "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                          "optimistic": p.value.high if maximize else p.value.low, "source": p.source,
                          "chance": plan.chances.get(p.label)}
@@ -461,6 +485,10 @@ class StudyStrategy(SearchStrategy):
                    progress=(finished + confirmed + 1, finished + confirmed + len(todo)))
 
 
+WIDEN_MAX_CANDIDATES = 1000
+"""A range is not widened where the space would then hold more candidates than this: each is
+predicted (its acceptance replayed once) at every decision."""
+
 STOP_CHANCE = DEFAULT_STOP_CHANCE
 """Guided search stops once no candidate, unmeasured or measured on one engine, has more than
 this chance of beating the pick by more than the tolerance."""
@@ -475,13 +503,16 @@ def _holds(space: SearchSpace, spec: SpecConfig) -> bool:
     return True
 
 
-def _beyond_edge(outside: Sequence[Prediction], standing: _Standing) -> dict[str, object]:
-    """What a study kept to its space predicts past the edges: how many candidates, the best of
-    them and its chance of beating the pick by more than the tolerance."""
+def _beyond_edge(outside: Sequence[Prediction], standing: _Standing,
+                 edges: Sequence[tuple[str, Engines]]) -> dict[str, object]:
+    """What a study kept to its space predicts past the ``edges`` its leaders sit on: how many
+    candidates, the best of them and its chance of beating the pick by more than the tolerance."""
     best = max(outside, key=lambda p: p.value.value if standing.maximize else -p.value.value)
     chance = chance_to_beat(best.value.value, prediction_sd(best, maximize=standing.maximize), standing.pick,
                             standing.pick_sd, tolerance=standing.tolerance, maximize=standing.maximize)
-    return {"candidates": len(outside), "best": best.label, "predicted": best.value.value, "chance": chance}
+    return {"candidates": len(outside), "best": best.label, "predicted": best.value.value, "chance": chance,
+            "edges": [{"param": param, "at": f"{leader.row.label} (trial {leader.row.number})"}
+                      for param, leader in edges]}
 
 
 def _again(trials: Sequence[Snapshot], number: int, why: str) -> Run:

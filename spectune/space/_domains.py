@@ -245,6 +245,15 @@ class IntDomain(Domain):
     _integer: ClassVar[bool] = True
     _what: ClassVar[str] = "an integer"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bounds_pair(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "bounds" in data and data["bounds"] is not None:
+            b = data["bounds"]
+            if not isinstance(b, list | tuple) or len(b) != 2 or not all(_is_number(v, True) for v in b):
+                raise ValueError(f"bounds must be [low, high], two integers, got {b!r}")
+        return data
+
     @model_validator(mode="after")
     def _extension(self) -> IntDomain:
         if (self.hard or self.bounds is not None) and self.choices is not None:
@@ -385,8 +394,13 @@ def _value_adapter(field: str) -> TypeAdapter[float]:
 
 
 def check_bounds(field: str, domain: Domain) -> None:
+    """Every value of ``domain`` (its ``bounds`` too) within vLLM's limits for ``field``, as
+    SpecConfig states them; ``hard`` and ``bounds`` only where guided search may widen."""
+    bounds = getattr(domain, "bounds", None)
+    if (bounds is not None or getattr(domain, "hard", False)) and field not in EXTENDABLE:
+        raise ValueError(f"hard and bounds apply to the ranges guided search may widen ({', '.join(EXTENDABLE)})")
     adapter = _value_adapter(field)
-    for value in domain.choices if domain.choices is not None else (domain.low, domain.high):
+    for value in domain.choices if domain.choices is not None else (domain.low, domain.high, *(bounds or ())):
         try:
             adapter.validate_python(value)
         except ValidationError as e:
@@ -405,6 +419,8 @@ def knob_domain(name: str, value: Any) -> Domain:
     from spectune.config import ENGINE_KNOBS, EngineArgs
 
     domain = _KNOB_DOMAINS[ENGINE_KNOBS[name]].model_validate(value)
+    if getattr(domain, "hard", False) or getattr(domain, "bounds", None) is not None:
+        raise ValueError("hard and bounds apply to speculative parameters: an engine knob's range is never widened")
     info = EngineArgs.model_fields[name]
     adapter: TypeAdapter[Any] = TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation)
     for v in domain.choices if domain.choices is not None else (domain.low, domain.high):

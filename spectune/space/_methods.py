@@ -174,9 +174,16 @@ class MethodSpace(StrictModel):
             if not isinstance(domain, IntDomain) or domain.choices is not None or domain.is_fixed:
                 continue
             for side, edge in (("high", domain.high), ("low", domain.low)):
-                if values.get(field) == edge and domain.widened(field, side) is not None:  # type: ignore[arg-type]
+                wider = domain.widened(field, side) if values.get(field) == edge else None  # type: ignore[arg-type]
+                if wider is not None and self._adds(field, wider):
                     out.append((field, side))  # type: ignore[arg-type]
         return out
+
+    def _adds(self, field: str, wider: IntDomain) -> bool:
+        """Whether ``field`` over ``wider`` gives candidates a value they lack now (the n-gram
+        window keeps prompt_lookup_min <= prompt_lookup_max: a wider one may add none)."""
+        now = {c.get(field) for c in self._combinations()}
+        return bool({c.get(field) for c in self.model_copy(update={field: wider})._combinations()} - now)
 
     # -- the walk shared by suggest, params_of and enumerate ---------------------------------
 

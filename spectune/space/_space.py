@@ -317,14 +317,17 @@ class SearchSpace(StrictModel):
         wider = domain.widened(param.partition(".")[2], side) if isinstance(domain, IntDomain) else None
         return self.with_domain(param, wider) if wider is not None else None
 
-    def extended(self, domains: Mapping[str, Mapping[str, Any]]) -> SearchSpace:
-        """A copy with the ranges a study widened (``method.field`` -> the range, as
-        :class:`~spectune.records.StudyRecord`'s ``extensions`` keep them); a method this
-        space lacks is passed over."""
+    def extended(self, widenings: Sequence[Mapping[str, Any]]) -> SearchSpace:
+        """A copy with the ranges a study widened, in order (each ``{param: method.field, was:
+        range, range: range}``, as :attr:`~spectune.records.StudyRecord.extensions` keeps them).
+        A widening applies only to the range it was made from: a range given otherwise since
+        (the space edited, made ``hard``, a method left out on this machine) keeps what it is."""
         space = self
-        for param, data in domains.items():
-            if space.domain(param) is not None:
-                space = space.with_domain(param, IntDomain.model_validate(data))
+        for w in widenings:
+            param = w.get("param")
+            domain = space.domain(param) if isinstance(param, str) else None
+            if domain is not None and domain.model_dump(mode="json") == w.get("was"):
+                space = space.with_domain(param, IntDomain.model_validate(w["range"]))
         return space
 
     def engine_fields(self, method: Method) -> list[str]:

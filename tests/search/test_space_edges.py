@@ -39,12 +39,13 @@ def k_of(label: str) -> int | None:
 def config(landscape: Landscape, tmp_path: Path, name: str, **overrides: object):  # noqa: ANN201
     space = tmp_path / "narrow.yaml"
     space.write_text(NARROW)
-    return landscape.config(storage=f"sqlite:///{tmp_path / f'{name}.db'}", study_name=name, sampler="guided",
-                            trials=20, space=str(space), log_dir=str(tmp_path / "logs"), **overrides)
+    settings = {"sampler": "guided", "trials": 20, **overrides}
+    return landscape.config(storage=f"sqlite:///{tmp_path / f'{name}.db'}", study_name=name, space=str(space),
+                            log_dir=str(tmp_path / "logs"), **settings)
 
 
 def shown(view) -> str:  # noqa: ANN001
-    console = Console(width=160, record=True)
+    console = Console(width=400, record=True)
     render_study(view, console)
     return console.export_text()
 
@@ -99,7 +100,9 @@ def test_a_study_kept_to_its_space_predicts_past_the_edge_and_measures_nothing_t
     beyond = (record.guide or {})["beyond_edge"]
     assert beyond["candidates"] == 3 and 3 < (k_of(beyond["best"]) or 0) <= 6 and 0.0 <= beyond["chance"] <= 1.0
     assert any("the study keeps to its space (extend: false)" in r.getMessage() for r in caplog.records)
-    assert f"past it, 3 candidates are predicted, the best {beyond['best']}" in shown(view)
+    text = shown(view)
+    assert f"past it, 3 candidates are predicted, the best {beyond['best']}" in text
+    assert "though ngram k=3 lookup=1..3 (trial 1) sits on the edge of ngram.num_speculative_tokens" in text
     assert "past it, 3 candidates are predicted" in render_markdown(view)
 
 
@@ -122,3 +125,34 @@ def test_no_extend_on_the_command_line_is_kept_with_the_study(tmp_path: Path) ->
         assert exit_.value.code == 0
     stored = {name: StudyRecord.of(open_study(storage, name).study).spectune_config for name in ("kept", "free")}
     assert stored["kept"]["extend"] is False and stored["free"]["extend"] is True  # type: ignore[index]
+
+
+def test_a_space_measured_through_still_grows_past_its_edge_on_resume(landscape: Landscape, tmp_path: Path) -> None:
+    """The grid measures every candidate of the narrow space; guided search resumed on it (a fresh
+    strategy, as a new process) widens the range its pick sits on, and a later resume reads the widening."""
+    spent: list[tuple[str, float]] = []
+    grid = config(landscape, tmp_path, "through", sampler="grid", trials=4)
+    run_study(grid, measure_fn=landscape.measurer(spent))
+    assert sorted(k_of(label) or 0 for label, _ in spent) == [0, 1, 2, 3]
+    run_study(grid.model_copy(update={"sampler": "guided", "trials": 12}), measure_fn=landscape.measurer(spent))
+    assert max(k_of(label) or 0 for label, _ in spent) > 3
+    view = open_study(grid.storage, "through")
+    assert [e["range"]["high"] for e in StudyRecord.of(view.study).extensions or []] == [6]
+    before = len(spent)
+    run_study(grid.model_copy(update={"sampler": "guided", "trials": 14}), measure_fn=landscape.measurer(spent))
+    assert all((k_of(label) or 0) <= 6 for label, _ in spent[before:])  # within the widened range's bounds
+    assert [e["range"]["high"] for e in StudyRecord.of(open_study(grid.storage, "through").study).extensions or []] == [6]
+
+
+def test_a_range_is_not_widened_past_the_candidates_guided_search_predicts(
+        landscape: Landscape, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import spectune.search._study as study_module
+
+    monkeypatch.setattr(study_module, "WIDEN_MAX_CANDIDATES", 5)  # the narrow space holds 4, widened 7
+    spent: list[tuple[str, float]] = []
+    with caplog.at_level(logging.INFO, logger="spectune.search"):
+        run_study(config(landscape, tmp_path, "capped"), measure_fn=landscape.measurer(spent))
+    assert all((k_of(label) or 0) <= 3 for label, _ in spent)
+    assert not StudyRecord.of(open_study(f"sqlite:///{tmp_path / 'capped.db'}", "capped").study).extensions
+    assert any("which is not widened: the space would hold 7 candidates, more than 5" in r.getMessage()
+               for r in caplog.records)

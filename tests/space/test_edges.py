@@ -49,6 +49,13 @@ def test_edges_are_those_of_tuned_ranges_that_can_grow() -> None:
     hard = space_of({"methods": {"none": {}, "ngram": {K: {"low": 1, "high": 6, "hard": True},
                                                       "prompt_lookup_max": 4, "prompt_lookup_min": 1}}})
     assert hard.edges(ngram(6, 4)) == [] and hard.widened(f"ngram.{K}", "high") is None
+    # the n-gram window keeps min <= max: a wider range that adds no candidate is no edge
+    mins = space_of({"methods": {"none": {}, "ngram": {K: 2, "prompt_lookup_min": {"low": 1, "high": 3},
+                                                      "prompt_lookup_max": 3}}})
+    assert mins.edges(ngram(2, 3, 3)) == []
+    maxs = space_of({"methods": {"none": {}, "ngram": {K: 2, "prompt_lookup_min": 3,
+                                                      "prompt_lookup_max": {"low": 3, "high": 6}}}})
+    assert maxs.edges(ngram(2, 3, 3)) == [] and maxs.edges(ngram(2, 6, 3)) == [("ngram.prompt_lookup_max", "high")]
 
 
 def test_a_widened_space_holds_the_values_past_the_edge_and_is_stored_and_applied_again() -> None:
@@ -59,11 +66,15 @@ def test_a_widened_space_holds_the_values_past_the_edge_and_is_stored_and_applie
         space.params_of(ngram(12, 4))
     assert wider.params_of(ngram(12, 4))[f"ngram.{K}"] == 12
     assert len(wider.enumerate()) == 2 * len(space.enumerate()) - 1  # k 1..16 against 1..8, and the baseline
-    stored = {f"ngram.{K}": wider.domain(f"ngram.{K}").model_dump(mode="json")}  # type: ignore[union-attr]
-    again = space.extended(stored)
+    widening = {"param": f"ngram.{K}", "was": space.domain(f"ngram.{K}").model_dump(mode="json"),  # type: ignore[union-attr]
+                "range": wider.domain(f"ngram.{K}").model_dump(mode="json")}  # type: ignore[union-attr]
+    again = space.extended([widening])
     assert again.enumerate() == wider.enumerate()
     assert again.domain(f"ngram.{K}").bounds == (1, 32)  # type: ignore[union-attr]  # the first range's limits
-    assert space.extended({"suffix.num_speculative_tokens": {"low": 1, "high": 8}}) == space  # no such method here
+    assert space.extended([{**widening, "param": "suffix.num_speculative_tokens"}]) == space  # no such method here
+    # a range given otherwise since the widening (the space edited, made hard) keeps what it is now
+    edited = space.with_domain(f"ngram.{K}", IntDomain.model_validate({"low": 1, "high": 8, "hard": True}))
+    assert edited.extended([widening]) == edited
 
 
 def test_hard_and_bounds_are_read_from_a_space_file_and_kept_in_its_dump(tmp_path: Path) -> None:
@@ -87,10 +98,13 @@ def test_hard_and_bounds_are_read_from_a_space_file_and_kept_in_its_dump(tmp_pat
 
 @pytest.mark.parametrize(("domain", "error"), [
     ("[1, 2, 3]", None),
-    ("{choices: [1, 2], hard: true}", "hard and bounds apply to a range {low, high}"),
+    ("{choices: [1, 2], hard: true}", "hard and bounds apply to a range {low, high}: a list of choices is kept as given"),
     ("{low: 1, high: 6, hard: true, bounds: [1, 8]}", "give hard or bounds, not both"),
     ("{low: 1, high: 6, bounds: [2, 8]}", "bounds [2, 8] must hold the range 1..6"),
-    ("{low: 1, high: 6, bounds: [1]}", "bounds"),
+    ("{low: 1, high: 6, bounds: [1]}", "bounds must be [low, high], two integers, got [1]"),
+    ("{low: 1, high: 6, bounds: 8}", "bounds must be [low, high], two integers, got 8"),
+    ("{low: 1, high: 6, bounds: [1, 100]}", "100 is out of range: input should be less than or equal to 64"),
+    ("{low: 1, high: 6, bounds: [0, 8]}", "0 is out of range: input should be greater than or equal to 1"),
     ("{low: 1, high: 6, hard: 1}", "hard"),
 ])
 def test_bad_hard_or_bounds_is_one_line_naming_the_key(tmp_path: Path, domain: str, error: str | None) -> None:
@@ -100,3 +114,11 @@ def test_bad_hard_or_bounds_is_one_line_naming_the_key(tmp_path: Path, domain: s
         return
     message = one_line_error(path)
     assert error in message and f"ngram.{K}" in message, message
+
+
+def test_hard_and_bounds_only_where_guided_search_widens(tmp_path: Path) -> None:
+    path = write_space(tmp_path, "methods:\n  none: {}\n  suffix:\n    num_speculative_tokens: 8\n"
+                                 "    suffix_decoding_max_cached_requests: {low: 1, high: 9, hard: true}\n")
+    assert "hard and bounds apply to the ranges guided search may widen" in one_line_error(path)
+    path = write_space(tmp_path, "methods:\n  none: {}\nengine:\n  max_num_seqs: {low: 8, high: 64, bounds: [8, 128]}\n")
+    assert "engine.max_num_seqs: hard and bounds apply to speculative parameters" in one_line_error(path)
