@@ -299,6 +299,10 @@ def plan_study(config: StudyConfig) -> StudyPlan:
 
     space = resolved_space(config)
     prompts = load_prompts(config.workload)
+    if config.workload.api == "completions" and any(p.messages for p in prompts):
+        _logger.warning("workload %s: its prompts are chat messages, sent as plain text to the completions API "
+                        "(api: completions); set api: chat to send them through the model's chat template",
+                        config.workload.source)
     return StudyPlan(space, _checked_engine(config, space, prompts), prompts)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,19 @@ def test_missing_source(tmp_path: Path) -> None:
         load_prompts(WorkloadSpec(source=str(tmp_path / "nope.jsonl")))
     with pytest.raises(ConfigError, match="is a folder"):
         load_prompts(WorkloadSpec(source=str(tmp_path)))
+
+
+def test_chat_prompts_sent_as_plain_text_are_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Prompts with chat messages on the completions API lose their chat template: the study says so."""
+    from spectune.study import load_study_config, plan_study
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "Copy this: x = 1"}]}) + "\n"
+                    + json.dumps({"id": "b", "messages": [{"role": "user", "content": "Copy this: y = 2"}]}) + "\n")
+    for api, warned in (("completions", True), ("chat", False)):
+        caplog.clear()
+        config = load_study_config(None, {"target": str(tmp_path), "workload": str(path), "workload.api": api})
+        with caplog.at_level(logging.WARNING, logger="spectune.study"):
+            plan = plan_study(config)
+        assert len(plan.prompts) == 2
+        assert any("its prompts are chat messages, sent as plain text" in r.getMessage() for r in caplog.records) == warned
