@@ -9,7 +9,7 @@ setup:
 
 test: setup
 	scripts/browser.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast:
 	$(PY) -m pytest -q -m "not engine"
