@@ -113,7 +113,10 @@ def record(args: argparse.Namespace) -> None:
     if args.smollm2:
         from spectune.checkpoints import build_smollm2_draft, prepare_smollm2
 
-        data["target"], data["draft"] = str(prepare_smollm2()), str(build_smollm2_draft())
+        data["target"] = str(prepare_smollm2())
+        space = Path(data.get("space", ""))
+        if not space.is_file() or "${draft}" in space.read_text():  # distilled once, where the space runs a draft
+            data["draft"] = str(build_smollm2_draft())
     elif "target" not in data:
         data["target"], data["draft"] = _tiny_models(args.models)
     from spectune._util import validate
