@@ -128,6 +128,8 @@ async def _one_request(
                 if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
+                if chunk.get("prompt_token_ids") is not None:  # the chat API's: on the chunk, not its choice
+                    rec.prompt_token_ids = list(chunk["prompt_token_ids"])
                 if usage := chunk.get("usage"):
                     rec.prompt_tokens = usage.get("prompt_tokens")
                     rec.output_tokens = usage.get("completion_tokens")

@@ -35,9 +35,17 @@ def test_prepared_smollm2_completes_a_humaneval_prompt_with_python(tmp_path: Pat
     # the engine's data type follows the processor, and says why
     dtype, why = cpu_dtype(cpu_features())
     assert m.num_failed == 0 and m.engine.dtype == dtype and m.engine_defaults["dtype"] == why
+    # the chat API's token ids are kept as the completions API's are: the replays and features need them
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    asked = {p.id: p.messages[0].content for p in prompts if p.messages}
     parsed = []
     for req in m.requests:
         assert req.output_tokens and req.text.strip()
+        assert req.token_ids is not None and len(req.token_ids) == req.output_tokens
+        assert req.prompt_token_ids is not None and len(req.prompt_token_ids) == req.prompt_tokens
+        assert asked[req.prompt_id].split("\n")[0] in tok.decode(req.prompt_token_ids)
         for block in _CODE_BLOCK.findall(req.text):
             try:
                 tree = ast.parse(block)
