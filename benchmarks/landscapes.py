@@ -30,7 +30,10 @@ settings for all:
    exported band, the choice's value +- its noise band, holds the landscape's best mean) and
    ``regret_median`` (how far the choice's mean lies below the best mean, median over the
    seeds); and ``rival_rules``: successive halving and the rule of vLLM's closed
-   ``tune_speculative_k`` replayed on the same kind of draws (:func:`rival_rules`);
+   ``tune_speculative_k`` replayed on the same kind of draws (:func:`rival_rules`). A landscape
+   with a ``<name>_study_space.yaml`` (``smollm2_edit``) starts its studies from that narrower
+   space, which guided search widens past its edges into the recorded domain, and replays them
+   again kept to it (``kept``: same pick, regret and stop ratio, against the whole landscape's best);
 3. ``prior_interval_coverage``: every speculative candidate predicted from one recorded engine
    start of the baseline alone (each start in turn), as a study predicts before its first
    speculative trial: the share of (start, candidate) pairs whose candidate mean lies inside the
@@ -109,8 +112,19 @@ def _noisy_measurer(landscape: Landscape, seed: int, spent: list[float] | None =
     return measure
 
 
-def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
-    """What guided studies answered by randomly drawn engine starts export (module docstring)."""
+def start_space(name: str) -> Path | None:
+    """The space the replayed studies of landscape ``name`` start from, where it is not the
+    landscape's own: ``<name>_study_space.yaml``, narrower than the recorded domain, whose edges
+    a study widens into the recorded candidates (``smollm2_edit``); None elsewhere."""
+    path = LANDSCAPES / f"{name}_study_space.yaml"
+    return path if path.is_file() else None
+
+
+def decision_quality(landscape: Landscape, seeds: int, space: Path | None = None, *,
+                     extend: bool = True) -> dict[str, Any]:
+    """What guided studies answered by randomly drawn engine starts export (module docstring),
+    starting from ``space`` where given (the landscape's own elsewhere), widening its ranges
+    past an edge unless ``extend`` is false."""
     from spectune.results import open_study
     from spectune.worker import run_study
 
@@ -127,10 +141,12 @@ def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
     stop_ratios: list[float] = []
     covered: list[bool] = []
     stopped: list[str | None] = []
+    widened: list[list[str]] = []
     with tempfile.TemporaryDirectory(prefix="spectune-landscapes-") as work:
         for seed in range(seeds):
             config = landscape.config(storage=f"sqlite:///{work}/d{seed}.db", study_name=f"d{seed}", sampler="guided",
-                                      seed=seed, trials=len(landscape.engines()), log_dir=f"{work}/logs")
+                                      seed=seed, trials=len(landscape.engines()), log_dir=f"{work}/logs", extend=extend,
+                                      **({"space": str(space)} if space is not None else {}))
             spent: list[float] = []
             run_study(config, measure_fn=_noisy_measurer(landscape, seed, spent))
             view = open_study(config.storage, f"d{seed}")
@@ -140,6 +156,7 @@ def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
             stop_ratios.append(sum(spent) / grid)
             covered.append(band_holds(means[best], choice.value, choice.noise_band))
             stopped.append((view.study.user_attrs.get("guide") or {}).get("stop_reason"))
+            widened.append([e["param"] + " " + str(e["range"].get("high")) for e in view.study.user_attrs.get("extensions") or []])
     same = [c == best or sign * (means.get(c, -sign * math.inf) / means[best] - 1.0) >= -band for c in chosen]
     regret = [regret_of(means, best, c, sign) for c in chosen]
     hits = [f["inside"] for f in firsts if f is not None]
@@ -149,7 +166,19 @@ def decision_quality(landscape: Landscape, seeds: int) -> dict[str, Any]:
             "prior_interval_hit_rate": statistics.fmean(hits) if hits else None, "first_speculative": firsts,
             "stop_ratios": stop_ratios, "stop_ratio": statistics.median(stop_ratios),
             "band_covered": covered, "band_coverage": statistics.fmean(covered),
-            "regrets": regret, "regret_median": statistics.median(regret), "stop_reasons": stopped}
+            "regrets": regret, "regret_median": statistics.median(regret), "stop_reasons": stopped,
+            **({"start_space": str(space.relative_to(REPO)), "extend": extend, "widened": widened} if space else {})}
+
+
+def decisions(name: str, landscape: Landscape, seeds: int) -> dict[str, Any]:
+    """:func:`decision_quality` from the landscape's start space; where it has one of its own
+    (:func:`start_space`), also kept to it (``extend: false``) under ``kept``."""
+    space = start_space(name)
+    quality = decision_quality(landscape, seeds, space)
+    if space is not None:
+        kept = decision_quality(landscape, seeds, space, extend=False)
+        quality["kept"] = {k: kept[k] for k in ("chosen", "same_pick_rate", "stop_ratio", "regret_median", "regrets")}
+    return quality
 
 
 VLLM_MAD_SCALE = 1.4826
@@ -436,6 +465,24 @@ def decisions_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def edges_markdown(rows: list[dict[str, Any]]) -> str:
+    """The landscapes whose studies start from a narrower space (:func:`start_space`): guided
+    search widening past the edges against the same studies kept to the space (``--no-extend``),
+    each scored against the best of the whole landscape."""
+    head = ("| landscape | studies | widened in | widened: same pick / median regret / stop ratio "
+            "| kept to the space: same pick / median regret / stop ratio |")
+    lines = [head, "|---|---|---|---|---|"]
+    for r in rows:
+        d, kept = r.get("decision") or {}, (r.get("decision") or {}).get("kept")
+        if not d.get("start_space") or kept is None:
+            continue
+        widened = statistics.fmean(bool(w) for w in d.get("widened") or [[]])
+        lines.append(f"| `{r['name']}` | {r.get('decision_seeds')} | {widened:.2f} of the studies | "
+                     f"{d['same_pick_rate']:.2f} / {_pct(d['regret_median'])} / {d['stop_ratio']:.2f} | "
+                     f"{kept['same_pick_rate']:.2f} / {_pct(kept['regret_median'])} / {kept['stop_ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _seconds(value: float | None, trials: list[int | None] | None = None) -> str:
     if value is None:
         return "a seed never got there"
@@ -495,7 +542,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.markdown:
         rows = json.loads(args.out.read_text())
-        print(markdown(rows) + "\n" + decisions_markdown(rows) + "\n" + courses_markdown([r["name"] for r in rows]),
+        print(markdown(rows) + "\n" + decisions_markdown(rows) + "\n" + edges_markdown(rows) + "\n"
+              + courses_markdown([r["name"] for r in rows]),
               end="")
         return
     if args.rivals_only:
@@ -525,7 +573,7 @@ def main() -> None:
         old = stored.get(name, {})
         if args.decision_only and "prior_interval_coverage" in old:
             print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
-            r = {**row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds),
+            r = {**row(name, here, json.loads(out.read_text()), decisions(name, here, args.decision_seeds),
                        old["prior_interval_coverage"]),
                  "rival_rules": rival_rules(here, args.decision_seeds),
                  "evaluated_at": when, "seeds": old.get("seeds"), "decision_seeds": args.decision_seeds}
@@ -534,7 +582,7 @@ def main() -> None:
                  **{k: old[k] for k in ("evaluated_at", "seeds", "decision_seeds", "rival_rules") if k in old}}
         else:
             print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
-            r = {**row(name, here, json.loads(out.read_text()), decision_quality(here, args.decision_seeds),
+            r = {**row(name, here, json.loads(out.read_text()), decisions(name, here, args.decision_seeds),
                        prior_interval_coverage(here)),
                  "rival_rules": rival_rules(here, args.decision_seeds), "evaluated_at": when, "seeds": args.seeds, "decision_seeds": args.decision_seeds}
         payload.append(r)
