@@ -369,6 +369,11 @@ def create_study(config: StudyConfig, plan: StudyPlan | None = None) -> StudyCon
     space = plan.space
     ctx = _open(config, space, plan.prompts, plan.engine)
     study, name = ctx.study, ctx.study.study_name
+    have = [d.name.lower() for d in study.directions]  # fixed when Optuna created the study
+    if have != [o.direction for o in config.objectives]:
+        raise ConfigError(f"study {name!r} has {len(have)} objective(s) ({', '.join(have)}); this run gives "
+                          f"{len(config.objectives)} ({', '.join(o.value for o in config.objectives)}): objectives may "
+                          "change only keeping their number and directions; give a new --study name")
     with study_lock(ctx.url, name):  # two workers creating one study at once write it once
         record = StudyRecord.of(study)
         stored = record.spectune_config
@@ -431,7 +436,7 @@ def study_names(url: str) -> list[str]:
 
 RESUME_KEYS = ("target", "workload", "engine", "engine_args", "repeats")
 """What a resumed study must keep: trials measured otherwise are not comparable (the space, the
-number of trials, the sampler and the objectives may change; ``engine_args`` is the resolved
+number of trials, the sampler and the objectives (keeping their number and directions, which Optuna fixes) may change; ``engine_args`` is the resolved
 engine, with the space's ``engine:`` section; the GPUs an engine is given, :data:`PLACEMENT_ENV`,
 may change)."""
 

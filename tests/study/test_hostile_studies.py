@@ -5,6 +5,7 @@ nothing written (``tests/hostile.py`` says what counts)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hostile import (
@@ -176,3 +177,20 @@ def test_a_storage_path_with_a_nul_is_refused_in_one_line(harness: Harness) -> N
     outcome = harness.run(Case("study", ("optimize", "--create-only", "--config", "@CASE@/s.yaml"), (("s.yaml", study),)))
     assert outcome.problem is None and outcome.code == 2, outcome
     assert "cannot be used: its path holds a NUL character" in outcome.stderr
+
+
+def test_a_study_resumed_with_other_objective_directions_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Optuna fixes a study's directions when it creates it: a resume that asks for others is refused, not a traceback."""
+    from spectune.cli import main
+
+    (tmp_path / "w.jsonl").write_text('{"prompt": "hello"}\n{"prompt": "world"}\n')
+    common = ["optimize", "--create-only", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--study", "x",
+              "--target", "org/model", "--workload", str(tmp_path / "w.jsonl")]
+    for extra, code in ((["--objective", "output_throughput", "--objective", "tpot_median_ms"], 0), ([], 2),
+                        (["--objective", "tpot_median_ms"], 2), (["--objective", "output_throughput", "--objective", "tpot_p99_ms"], 0)):
+        with pytest.raises(SystemExit) as exit_:
+            main([*common, *extra])
+        err = capsys.readouterr().err
+        assert exit_.value.code == code, err
+        if code == 2:
+            assert "study 'x' has 2 objective(s) (maximize, minimize)" in err and err.count("\n") == 1
