@@ -192,7 +192,7 @@ class StudyStrategy(SearchStrategy):
                                  leader.row.label, leader.row.number, param, range_text(was.model_dump(mode="json")))
             self._edges_kept = [(param, leader) for param, _, leader, _, _ in grown]
             return wider
-        events = list(StudyRecord.of(study).extensions or ())
+        events = list(self._widenings)  # read by this decision, under the study's lock
         for param, _, leader, was, now in grown:
             assert now is not None
             _logger.info("%s (trial %d) sits on the edge of %s (%s): guided search widens it to %s "
@@ -201,7 +201,7 @@ class StudyStrategy(SearchStrategy):
             events.append({"param": param, "range": now.model_dump(mode="json"), "was": was.model_dump(mode="json"),
                            "because": f"{leader.row.label} (trial {leader.row.number}) sits on its edge"})
         write_study_fields(study, extensions=events)
-        self._sync_space(study)
+        self._widenings, self.space, self.candidates = events, wider, count_candidates(wider)
         return None
 
     def _widened_at_end(self, study: optuna.Study) -> bool:

@@ -106,7 +106,7 @@ def test_a_study_kept_to_its_space_predicts_past_the_edge_and_measures_nothing_t
     assert "past it, 3 candidates are predicted" in render_markdown(view)
 
 
-def test_workers_measure_past_the_edge_that_another_widened(landscape: Landscape, tmp_path: Path) -> None:
+def test_two_slots_measure_past_the_edge_widened_once(landscape: Landscape, tmp_path: Path) -> None:
     ended = replay_workers(config(landscape, tmp_path, "fleet"), landscape, 2)
     assert max(k_of(label) or 0 for _, label in ended) > 3
     view = open_study(f"sqlite:///{tmp_path / 'fleet.db'}", "fleet")
