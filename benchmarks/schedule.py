@@ -1,12 +1,13 @@
 """The exported k-per-batch-size schedule against every static k, on real engines.
 
 1. ``study``: a grid study of SmolLM2-135M-Instruct (float32) with n-gram lookup at k = 1, 2, 4
-   and 8 and no speculation, each engine measuring 1, 4 and 16 requests in flight (a load mix),
+   and 8 and no speculation, each engine measuring ``--levels`` requests in flight (a load mix,
+   1, 2, 4, 8 and 16 by default),
    then ``spectune export --schedule`` of its choice: ``num_speculative_tokens_per_batch_size``
    from each level's measured step cost and acceptance.
 2. ``compare``: engines started with the exported schedule and with each static choice (none
    included), ``--starts`` times each in rotating order. Each measures every level (prompts of
-   its own, the same for every engine) and then a mixed load: arrivals at ``--rate`` per second
+   its own, the same for every engine) and then mixed loads: arrivals at each ``--rate`` per second
    with bursts (gamma gaps of shape ``--burstiness``, as vllm bench serve's), at most 16 in
    flight, so that the batch swings between quiet and busy. vLLM's counters give the k each run
    used (draft tokens per draft).
@@ -14,7 +15,7 @@
 Writes ``benchmarks/results/schedule.json`` (each run as it ends) with the machine and its
 processor's features::
 
-    .venv/bin/python benchmarks/schedule.py              # study, then compare: about 50 min on 2 cores
+    .venv/bin/python benchmarks/schedule.py              # study, then compare: about 70 min on 2 cores
     .venv/bin/python benchmarks/schedule.py compare      # again on the exported schedule
     .venv/bin/python benchmarks/schedule.py table        # the summary of results/schedule.json
 """
@@ -37,18 +38,18 @@ sys.path.insert(0, str(REPO))
 
 OUTPUT = REPO / "benchmarks" / "results" / "schedule.json"
 WORK = REPO / "storage" / "bench-schedule"
-LEVELS = (1, 4, 16)
+LEVELS = (1, 2, 4, 8, 16)
 KS = (1, 2, 4, 8)
 LOOKUP = {"prompt_lookup_min": 1, "prompt_lookup_max": 4}
-PROMPTS = {1: 8, 4: 12, 16: 32}
-"""Prompts of each level in the comparison (disjoint; the mixed load takes the next ``--mixed``)."""
+PROMPTS = {1: 8, 2: 8, 4: 12, 8: 16, 16: 32}
+"""Prompts of each level in the comparison (disjoint; each mixed load takes the next ``--mixed``)."""
 MAX_TOKENS = 48
 
 
 ENGINE = {"dtype": "float32", "max_model_len": 2048}
 
 
-def study(target: str, work: Path) -> Path:
+def study(target: str, work: Path, levels: tuple[int, ...]) -> Path:
     """The grid study over the load mix and its export with the schedule; the exported YAML."""
     from spectune.study import load_study_config
     from spectune.worker import run_study
@@ -61,7 +62,7 @@ def study(target: str, work: Path) -> Path:
         "study_name": "mix", "trials": 1 + len(KS), "sampler": "grid", "log_dir": str(work / "logs"),
         "workload": "humaneval", "engine": dict(ENGINE), "repeats": 1})
     config = config.model_copy(update={"workload": config.workload.model_copy(update={
-        "num_prompts": 16 * len(LEVELS), "concurrency": LEVELS[0], "concurrency_levels": list(LEVELS),
+        "num_prompts": max(16, max(levels)) * len(levels), "concurrency": levels[0], "concurrency_levels": list(levels),
         "sampling": config.workload.sampling.model_copy(update={"max_tokens": MAX_TOKENS})})})
     run_study(config, progress=lambda e: print(f"  {e.kind} {e.label} {e.state} {e.values or ''}", flush=True)
               if e.kind == "trial_end" else None)
@@ -121,9 +122,9 @@ def _stats(result: Any, before: Any, after: Any) -> dict[str, Any]:
     }
 
 
-def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, list[Any]], rate: float,
-            burstiness: float, work: Path, levels: bool = True) -> dict[str, Any]:
-    """One engine start: every level (unless ``levels`` is false), then the mixed load."""
+def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, list[Any]], levels: tuple[int, ...],
+            rates: list[float], burstiness: float, work: Path) -> dict[str, Any]:
+    """One engine start: every closed-loop level, then each mixed load."""
     from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
     from spectune.counters import fetch_counters
     from spectune.engines import VLLMServer
@@ -140,7 +141,7 @@ def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, li
 
         def load(name: str, workload: WorkloadSpec, concurrency: int) -> None:
             before = fetch_counters(server.base_url)
-            res = run_load(server.base_url, server.served_model_name, prompts[name.split("@")[0]], workload,
+            res = run_load(server.base_url, server.served_model_name, prompts[name], workload,
                            concurrency=concurrency, timeout=900, api_key=server.api_key)
             out[name] = _stats(res, before, fetch_counters(server.base_url))
             print(f"    {label} {name}: {out[name]['output_throughput']:.1f} tok/s, "
@@ -149,9 +150,10 @@ def run_one(target: str, label: str, spec: dict[str, Any], prompts: dict[str, li
 
         run_load(server.base_url, server.served_model_name, warmup_prompts(2), WorkloadSpec(**base),
                  concurrency=1, timeout=900, api_key=server.api_key)
-        for c in (LEVELS if levels else ()):
+        for c in levels:
             load(f"c{c}", WorkloadSpec(**base, concurrency=c), c)
-        load(_mixed(rate), WorkloadSpec(**base, concurrency=16, request_rate=rate, burstiness=burstiness), 16)
+        for rate in rates:
+            load(_mixed(rate), WorkloadSpec(**base, concurrency=16, request_rate=rate, burstiness=burstiness), 16)
     return out
 
 
@@ -160,38 +162,43 @@ def _mixed(rate: float) -> str:
     return "mixed" if rate == 0.6 else f"mixed@{rate:g}"
 
 
-def compare(target: str, best: Path, starts: int, rate: float, burstiness: float, mixed: int,
-            work: Path, record: dict[str, Any], levels: bool = True, only: list[str] | None = None) -> None:
+def compare(target: str, best: Path, starts: int, levels: tuple[int, ...], rates: list[float], burstiness: float,
+            mixed: int, work: Path, record: dict[str, Any], out: Path, only: list[str] | None = None, control: bool = True) -> None:
     from spectune.config import WorkloadSpec
     from spectune.workloads import load_prompts
 
-    names = [f"c{c}" for c in LEVELS] + ["mixed"]
-    counts = [PROMPTS[c] for c in LEVELS] + [mixed]
+    names = [f"c{c}" for c in levels] + [_mixed(r) for r in rates]
+    counts = [PROMPTS[c] for c in levels] + [mixed] * len(rates)
     selected = load_prompts(WorkloadSpec(source="humaneval", num_prompts=sum(counts), seed=0))
     prompts, at = {}, 0
     for name, n in zip(names, counts, strict=True):
         prompts[name], at = selected[at:at + n], at + n
-    configs = [c for c in _configs(best) if only is None or c[0] in only]
+    configs = [c for c in _configs(best) if (only is None or c[0] in only) and (control or not c[0].endswith(" only"))]
     record.update({"schedule": _spec_of(best), "burstiness": burstiness,
-                   "prompts": dict(zip(names, counts, strict=True)), "runs": record.get("runs", [])})
-    rates = record.setdefault("rates", {"mixed": 0.6} if any("mixed" in r for r in record["runs"]) else {})
-    rates[_mixed(rate)] = rate
+                   "prompts": {**record.get("prompts", {}), **dict(zip(names, counts, strict=True))},
+                   "runs": record.get("runs", [])})
+    record.setdefault("rates", {"mixed": 0.6} if any("mixed" in r for r in record["runs"]) else {})
+    record["rates"].update({_mixed(r): r for r in rates})
     for start in range(starts):
         order = configs[start % len(configs):] + configs[:start % len(configs)]  # rotating: no config always first
         for label, spec in order:
             print(f"  start {start + 1}/{starts}: {label}", flush=True)
-            run = run_one(target, label, spec, prompts, rate, burstiness, work, levels)
+            run = run_one(target, label, spec, prompts, levels, rates, burstiness, work)
             run["start"] = start
             run["load_average"] = os.getloadavg()
             record["runs"].append(run)
-            _save(record)
+            _save(record, out)
+
+
+def _levels(record: dict[str, Any]) -> list[int]:
+    return list(record.get("levels", (1, 4, 16)))
 
 
 def summary(record: dict[str, Any]) -> dict[str, Any]:
     """Per configuration and load: the mean over starts, and each start's."""
     out: dict[str, Any] = {}
     for run in record.get("runs", []):
-        for name in [f"c{c}" for c in LEVELS] + list(record.get("rates", {"mixed": 0.6})):
+        for name in [f"c{c}" for c in _levels(record)] + list(record.get("rates", {"mixed": 0.6})):
             if name in run:
                 cell = out.setdefault(run["config"], {}).setdefault(name, {"throughput": [], "e2el_mean_ms": [],
                                                                              "k_used": []})
@@ -205,13 +212,15 @@ def summary(record: dict[str, Any]) -> dict[str, Any]:
 
 def table(record: dict[str, Any]) -> str:
     """Mean over starts (each start's in brackets): throughput at each level, mean end-to-end
-    latency of each mixed load, and the drafted tokens per output token at 1 and 16 in flight."""
+    latency of each mixed load, and the drafted tokens per output token at the lowest and
+    highest level."""
     s = summary(record)
-    names = [f"c{c}" for c in LEVELS]
+    names = [f"c{c}" for c in _levels(record)]
     mixes = list(record.get("rates", {"mixed": 0.6}))
+    ends = (names[0], names[-1])
     lines = ["| config | " + " | ".join(f"{n[1:]} in flight, tok/s" for n in names)
-             + "".join(f" | {m} (rate {record.get('rates', {}).get(m, 0.6):g}/s), mean E2E ms" for m in mixes)
-             + " | drafted per output token at 1 / 16 |",
+             + "".join(f" | mixed {record.get('rates', {}).get(m, 0.6):g}/s, mean E2E ms" for m in mixes)
+             + f" | drafted per output token at {ends[0][1:]} / {ends[1][1:]} |",
              "|---|" + "---|" * (len(names) + len(mixes) + 1)]
 
     def cell(cells: dict[str, Any], name: str, key: str, fmt: str) -> str:
@@ -222,42 +231,53 @@ def table(record: dict[str, Any]) -> str:
 
     for config, cells in s.items():
         drafted = " / ".join(f"{statistics.fmean(cells[n]['drafted_per_token']):.2f}" if n in cells else "-"
-                             for n in ("c1", "c16"))
+                             for n in ends)
         lines.append(f"| {config} | " + " | ".join(cell(cells, n, "throughput", ".1f") for n in names)
                      + "".join(f" | {cell(cells, m, 'e2el_mean_ms', '.0f')}" for m in mixes) + f" | {drafted} |")
     return "\n".join(lines)
 
 
-def _save(record: dict[str, Any]) -> None:
+def _save(record: dict[str, Any], out: Path) -> None:
     record["summary"] = summary(record)
-    OUTPUT.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    out.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", nargs="?", default="all", choices=["all", "study", "compare", "table"])
     parser.add_argument("--starts", type=int, default=2, help="engine starts of each configuration")
-    parser.add_argument("--rate", type=float, default=0.6, help="mixed load: requests per second")
+    parser.add_argument("--levels", default=",".join(map(str, LEVELS)),
+                        help="requests in flight of the study's load mix and of the closed-loop comparison")
+    parser.add_argument("--rate", type=float, action="append",
+                        help="a mixed load at this many requests per second (repeatable; default 0.6 and 1.2)")
     parser.add_argument("--burstiness", type=float, default=0.25, help="mixed load: gamma shape of the gaps")
     parser.add_argument("--mixed", type=int, default=40, help="mixed load: requests")
     parser.add_argument("--mixed-only", action="store_true",
-                        help="compare: the mixed load alone, added to results/schedule.json's runs")
+                        help="compare: the mixed loads alone, added to the output's runs")
     parser.add_argument("--only", action="append", help="compare: this configuration alone (repeatable), "
                         "e.g. 'ngram k=2' or 'schedule of k=2 only'")
+    parser.add_argument("--no-control", action="store_true",
+                        help=f"compare: leave out the control (a schedule of k={CONTROL_K} at every batch size)")
+    parser.add_argument("--out", type=Path, default=OUTPUT, help="the results file")
     args = parser.parse_args()
     if args.phase == "table":
-        print(table(json.loads(OUTPUT.read_text())))
+        print(table(json.loads(args.out.read_text())))
         return
+    levels = tuple(int(c) for c in args.levels.split(","))
+    unknown = sorted(set(levels) - set(PROMPTS))
+    if unknown:
+        raise SystemExit(f"--levels: no prompt count for {unknown}; choose from {sorted(PROMPTS)}")
+    rates = args.rate or [0.6, 1.2]
     from spectune.checkpoints import prepare_smollm2
     from spectune.provenance import hardware, versions
 
     target = str(prepare_smollm2())
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(exist_ok=True)
-    earlier = json.loads(OUTPUT.read_text()) if args.mixed_only and OUTPUT.exists() else {}
+    earlier = json.loads(args.out.read_text()) if args.mixed_only and args.out.exists() else {}
     record: dict[str, Any] = {"date": dt.date.today().isoformat(), "hardware": hardware().model_dump(),
                               "versions": versions().model_dump(), "model": "SmolLM2-135M-Instruct",
-                              "engine": dict(ENGINE), "levels": list(LEVELS), "max_tokens": MAX_TOKENS}
+                              "engine": dict(ENGINE), "levels": list(levels), "max_tokens": MAX_TOKENS}
     if earlier:  # runs added to earlier ones: what they were measured with is kept, and this machine too
         record = {**earlier, "added": [*earlier.get("added", []), {k: record[k] for k in ("date", "hardware", "versions")}]}
     best = WORK / "best.yaml"
@@ -265,14 +285,14 @@ def main() -> None:
         for stale in ("study.db", "best.yaml", "best.provenance.json"):
             (WORK / stale).unlink(missing_ok=True)
         print("study over the load mix", flush=True)
-        best = study(target, WORK)
+        best = study(target, WORK, levels)
         print(best.read_text(), flush=True)
     if args.phase in ("all", "compare"):
         best = export(WORK)  # the exported schedule as this checkout derives it
         record["study_export"] = yaml.safe_load(best.read_text())
         record["study_provenance"] = json.loads((WORK / "best.provenance.json").read_text())
-        compare(target, best, args.starts, args.rate, args.burstiness, args.mixed, WORK, record,
-                levels=not args.mixed_only, only=args.only)
+        compare(target, best, args.starts, () if args.mixed_only else levels, rates, args.burstiness, args.mixed,
+                WORK, record, args.out, only=args.only, control=not args.no_control)
         print(table(record))
 
 
