@@ -57,7 +57,7 @@ def _held_out(baseline: Any, speculative: list[Any], level: int) -> dict[str, An
     model = fit_concurrency(without(baseline), [without(m) for m in speculative])
     if model is None:
         raise SystemExit(f"error: holding out concurrency {level} leaves fewer than two levels to fit on")
-    truth = baseline.at_concurrency(level)
+    truth = baseline.level_at(level)
     out: dict[str, Any] = {
         "fitted_on": list(model.step.levels),
         "step_time_ms": {"a": model.step.a, "slope": model.step.slope},
@@ -69,7 +69,7 @@ def _held_out(baseline: Any, speculative: list[Any], level: int) -> dict[str, An
     }
     errors: dict[str, dict[str, list[float]]] = {w: {"throughput": [], "tpot": []} for w in WAYS}
     for m in speculative:
-        measured = m.at_concurrency(level)
+        measured = m.level_at(level)
         if measured is None or not measured.tpot_median_ms:
             continue
         p = measured_prediction([m])

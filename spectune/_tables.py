@@ -201,13 +201,14 @@ def predictions_table(console: Console, predictions: Sequence[Prediction], *,
 
 def levels_table(console: Console, predictions: Sequence[Prediction],
                  levels: Sequence[Sequence[LevelPrediction]], *, title: str) -> Table:
-    """One row per prediction, one column per concurrency level: output throughput and TPOT,
-    fitted to ``console``'s width (TPOT is left out first)."""
+    """One row per prediction, one column per level (a concurrency, or the study's own level):
+    output throughput and TPOT, fitted to ``console``'s width (TPOT is left out first)."""
     from rich.markup import escape
 
     columns = [Column("#", justify="right"), Column("config", short_cells=short_label)]
     for lp in levels[0] if levels else ():
-        columns += [Column(f"c={lp.concurrency} tok/s"), Column(f"c={lp.concurrency} tpot ms", drop=3)]
+        name = lp.name or f"c={lp.concurrency:g}"
+        columns += [Column(f"{name} tok/s"), Column(f"{name} tpot ms", drop=3)]
     columns += [Column("from", drop=2), Column("scaling", drop=1)]
     rows = [[str(i), escape(p.label), *(c for lp in row for c in (_interval(lp.output_throughput),
                                                                    _interval(lp.tpot_ms))),

@@ -154,8 +154,9 @@ def optimize(
     gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair).")] = None,
     create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
     storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
-    concurrency: Annotated[Optional[str], typer.Option(help="Requests in flight: 8, or a load mix 1,4,16 whose levels each trial measures on its engine (the objective weighs them).")] = None,
-    level_weights: Annotated[Optional[str], typer.Option(help="How much each level of --concurrency counts: 3,1,1 (default: equal; e.g. the share of the day at each load).")] = None,
+    concurrency: Annotated[Optional[str], typer.Option(help="Requests in flight: 8, or a load mix 1,4,16 whose levels each trial measures on its engine (the objective weighs them). With --request-rate: the most in flight.")] = None,
+    request_rate: Annotated[Optional[str], typer.Option(help="Requests per second as Poisson arrivals: 2, or a load mix 0.5,1,2 whose levels each trial measures on its engine (the objective weighs them).")] = None,
+    level_weights: Annotated[Optional[str], typer.Option(help="How much each level of --concurrency or --request-rate counts: 3,1,1 (default: equal; e.g. the share of the day at each load).")] = None,
     no_extend: Annotated[bool, typer.Option("--no-extend", help="Keep to the space's ranges: where the pick sits on an edge, guided search predicts and reports what lies beyond but does not measure it.")] = False,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
@@ -164,12 +165,16 @@ def optimize(
     from spectune.worker import parse_gpus
 
     levels = _parse_list(concurrency, "--concurrency", int, "1,4,16") if concurrency is not None else None
+    rates = _parse_list(request_rate, "--request-rate", float, "0.5,1,2") if request_rate is not None else None
     weights = _parse_list(level_weights, "--level-weights", float, "3,1,1") if level_weights is not None else None
     cfg = load_study_config(config, {
         "target": target, "draft": draft[0] if draft and len(draft) == 1 else draft or None, "space": space,
         "workload": workload,
         "workload.concurrency": levels[0] if levels else None,
-        "workload.concurrency_levels": levels,  # one level: no mix, whatever the --config file says
+        # one level: no mix, whatever the --config file says; beside rates, one concurrency is their cap
+        "workload.concurrency_levels": levels if not (rates and levels and len(levels) == 1) else None,
+        "workload.request_rate": rates[0] if rates else None,
+        "workload.request_rate_levels": rates,
         "workload.level_weights": weights,
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
@@ -397,7 +402,6 @@ def predict(
     errors = inputs.errors()
     workload = inputs.baseline.workload
     mix = workload.is_mix and inputs.concurrency_model() is not None
-    levels = levels or (workload.levels if mix else [])  # a load mix: its levels, unless told others
     record: dict[str, Any] = {"study": view.name, "predictions": [p.record() for p in predictions[:top]],
                               "errors": errors.record() if errors is not None else None,
                               "load_mix": workload.weights() if mix else None}
@@ -407,18 +411,19 @@ def predict(
         console.print(predictions_table(console, predictions[:top], title=title, mix=mix))
         console.print(errors.line() if errors is not None else
                       "no speculative configuration measured yet: these predictions rest on replay and priors alone")
-    if levels:
+    if levels or mix:  # a load mix: its own levels, unless told others
         model = inputs.concurrency_model()
         shown = [*inputs.measured_predictions(), *predictions[:top]]  # the measured ones too, moved elsewhere
-        scaled = inputs.at_concurrency(shown, levels, model)  # refuses a study without a sweep
+        # refuses a study without a sweep
+        scaled = inputs.at_concurrency(shown, levels, model) if levels else inputs.at_levels(shown, model)
         assert model is not None
         record["at_concurrency"] = [{"label": p.label, "levels": [dataclasses.asdict(lp) for lp in row]}
                                     for p, row in zip(shown, scaled, strict=True)]
         if not as_json:
             console.print(levels_table(console, shown, scaled, title=(
-                f"at {'each level of the load mix' if mix and not concurrency else 'other concurrency'}: "
+                f"at {'other concurrency' if levels else 'each level of the load mix'}: "
                 f"step time {model.step.a:.3g} + {model.step.slope:.3g} b ms, "
-                f"fitted on the baseline at {', '.join(map(str, model.step.levels))}")))
+                f"fitted on the baseline at {', '.join(f'{b:.3g}' for b in model.step.levels)} in flight")))
     if as_json:
         _print_json(record)
 

@@ -380,7 +380,9 @@ class WorkloadSpec(StrictModel):
     Load shape: ``concurrency`` is the number of requests in flight for one measurement;
     ``concurrency_levels`` lists the levels of a sweep (``concurrency`` then defaults to the
     first); ``request_rate`` sends requests as a Poisson process at that many per second
-    instead, with ``concurrency`` as the cap on requests in flight.
+    instead, with ``concurrency`` as the cap on requests in flight, and ``request_rate_levels``
+    lists the rates of a sweep (``request_rate`` then defaults to the first). A level is keyed
+    by its concurrency or by its rate (:attr:`levels`, :attr:`headline`).
     """
 
     source: str = Field(
@@ -406,12 +408,15 @@ class WorkloadSpec(StrictModel):
         default=None, min_length=1, description="Concurrency levels of a sweep, each >= 1."
     )
     level_weights: list[float] | None = Field(
-        default=None, description="How much each of concurrency_levels counts in the study's objective (the share "
-        "of the time the deployment spends at it; default: equal). Normalised; 0: measured (for predictions and "
-        "the schedule), not counted.")
+        default=None, description="How much each level (of concurrency_levels or request_rate_levels) counts in the "
+        "study's objective (the share of the time the deployment spends at it; default: equal). Normalised; 0: "
+        "measured (for predictions and the schedule), not counted.")
     request_rate: float | None = Field(
         default=None, gt=0, description="Requests per second (Poisson arrivals) instead of a fixed concurrency."
     )
+    request_rate_levels: list[float] | None = Field(
+        default=None, min_length=1, description="Request rates of a sweep (requests per second, each > 0), each "
+        "level sent as request_rate is, at most concurrency in flight.")
     burstiness: float = Field(
         default=1.0, gt=0, le=1000, description="With request_rate: the shape of the gamma-distributed gaps between "
         "arrivals, as vllm bench serve's --burstiness (1: Poisson; below 1: requests come in bursts).")
@@ -425,6 +430,10 @@ class WorkloadSpec(StrictModel):
             levels = data["concurrency_levels"]
             if isinstance(levels, list) and levels and isinstance(levels[0], int):
                 data = {**data, "concurrency": levels[0]}
+        if isinstance(data, dict) and data.get("request_rate_levels") and data.get("request_rate") is None:
+            rates = data["request_rate_levels"]
+            if isinstance(rates, list) and rates and isinstance(rates[0], (int, float)):
+                data = {**data, "request_rate": rates[0]}
         return data
 
     @model_validator(mode="after")
@@ -435,13 +444,22 @@ class WorkloadSpec(StrictModel):
             if len(set(self.concurrency_levels)) != len(self.concurrency_levels):
                 raise ValueError("concurrency_levels: levels must be distinct")
             if self.request_rate is not None:
-                raise ValueError("give concurrency_levels or request_rate, not both")
+                raise ValueError("give concurrency_levels or request rates, not both")
         if self.concurrency_levels and self.concurrency not in self.concurrency_levels:
             raise ValueError(f"concurrency {self.concurrency} is not one of concurrency_levels "
                              f"{self.concurrency_levels}: the headline level must be one of them")
+        if self.request_rate_levels is not None:
+            if not all(math.isfinite(r) and r > 0 for r in self.request_rate_levels):
+                raise ValueError("request_rate_levels: every rate must be a finite number > 0")
+            if len(set(self.request_rate_levels)) != len(self.request_rate_levels):
+                raise ValueError("request_rate_levels: rates must be distinct")
+            if self.request_rate not in self.request_rate_levels:
+                raise ValueError(f"request_rate {self.request_rate} is not one of request_rate_levels "
+                                 f"{self.request_rate_levels}: the headline level must be one of them")
         if self.level_weights is not None:
-            if self.concurrency_levels is None or len(self.level_weights) != len(self.concurrency_levels):
-                raise ValueError("level_weights: give one weight per level of concurrency_levels")
+            swept = self.concurrency_levels or self.request_rate_levels
+            if swept is None or len(self.level_weights) != len(swept):
+                raise ValueError("level_weights: give one weight per level of concurrency_levels or request_rate_levels")
             if not all(math.isfinite(w) and w >= 0 for w in self.level_weights) or not any(self.level_weights):
                 raise ValueError("level_weights: every weight must be a finite number >= 0, one at least > 0")
         if self.burstiness != 1.0 and self.request_rate is None:
@@ -450,11 +468,35 @@ class WorkloadSpec(StrictModel):
 
     @property
     def is_mix(self) -> bool:
-        """Whether the study's objective is a load mix: two concurrency levels or more, each
-        counted by its weight (:meth:`weights`)."""
-        return bool(self.concurrency_levels) and len(self.concurrency_levels) >= 2  # type: ignore[arg-type]
+        """Whether the study's objective is a load mix: two levels or more (of concurrency or of
+        request rate), each counted by its weight (:meth:`weights`)."""
+        return len(self.concurrency_levels or self.request_rate_levels or []) >= 2
 
-    def weights(self) -> dict[int, float]:
+    @property
+    def by_rate(self) -> bool:
+        """Whether the levels are request rates (``request_rate_levels``), not concurrencies."""
+        return bool(self.request_rate_levels)
+
+    @property
+    def headline(self) -> float:
+        """The headline level's key: its request rate where the levels are rates, else its concurrency."""
+        return self.request_rate if self.by_rate and self.request_rate is not None else self.concurrency
+
+    def at_level(self, level: float) -> WorkloadSpec:
+        """This workload at one of its levels: that request rate (at most ``concurrency`` in
+        flight), or that concurrency."""
+        if self.by_rate:
+            return self.model_copy(update={"request_rate": float(level)})
+        return self.model_copy(update={"concurrency": int(level)})
+
+    def level_name(self, level: float, short: bool = False) -> str:
+        """A level as a user reads it: ``concurrency 4`` or ``0.5 requests/s`` (``short``: ``c=4``
+        or ``0.5/s``, for a table's header)."""
+        if self.by_rate:
+            return f"{level:g}/s" if short else f"{level:g} requests/s"
+        return f"c={level:g}" if short else f"concurrency {level:g}"
+
+    def weights(self) -> dict[float, float]:
         """Each level's share of the load mix (``level_weights`` normalised; default: equal)."""
         levels = self.levels
         raw = self.level_weights or [1.0] * len(levels)
@@ -477,6 +519,7 @@ class WorkloadSpec(StrictModel):
         return name or self.source
 
     @property
-    def levels(self) -> list[int]:
-        """The concurrency levels to measure: ``concurrency_levels``, else ``[concurrency]``."""
-        return list(self.concurrency_levels) if self.concurrency_levels else [self.concurrency]
+    def levels(self) -> list[float]:
+        """The levels to measure, by key: ``concurrency_levels``, ``request_rate_levels``, else
+        ``[headline]``."""
+        return list(self.concurrency_levels or self.request_rate_levels or [self.headline])

@@ -102,19 +102,21 @@ def batch_schedule(view: StudyView, m: Measurement, baseline: Measurement, max_b
     cost = fit_cost_model(t0, baseline.output_throughput, points).proposers[(m.spec.method, m.spec.model)]
     cost_at = None
     if sweep is not None:
-        def cost_at(b: int) -> float:
+        def cost_at(b: float) -> float:
             return cost.c * sweep.scale(m.spec.method, b)[0]
-    schedule = derive_schedule(profile, c1=cost.c, measured_concurrency=m.concurrency,
+    head = m.level_at(m.headline)  # at a request rate: the batch the engine ran
+    b1 = head.batch if head is not None else m.concurrency
+    schedule = derive_schedule(profile, c1=cost.c, measured_concurrency=b1,
                                max_batch=max_batch, max_k=min(k, len(profile.per_position)), cost_at=cost_at)
     if sweep is None:
         basis = ("t(b,k)/t(b,0) = 1 + c(b) k, c(b) = B b / (A + B b) fitted at the measured "
                  "concurrency; k(b) maximises E(k) / (1 + c(b) k) (spectune.predict._schedule)")
     else:
         basis = (f"t(b,k)/t(b,0) = 1 + c(b) k, c(b) = c g(b) with g from the sweep at concurrency "
-                 f"{', '.join(map(str, sweep.step.levels))} ({sweep.scale(m.spec.method, 1)[1]}); "
+                 f"{', '.join(f'{b:.3g}' for b in sweep.step.levels)} ({sweep.scale(m.spec.method, 1)[1]}); "
                  "k(b) maximises E(k) / (1 + c(b) k) (spectune.predict._concurrency)")
     return {"num_speculative_tokens_per_batch_size": schedule.to_vllm(), "c": cost.c,
-            "c_from_trials": cost.n, "measured_concurrency": m.concurrency, "max_batch": max_batch,
+            "c_from_trials": cost.n, "measured_concurrency": b1, "max_batch": max_batch,
             "model": basis}
 
 
@@ -216,7 +218,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         f"decision: {choice.reason}",
         f"workload {m.workload.source}: {m.num_requests} requests, max_tokens {m.workload.sampling.max_tokens}, "
         f"temperature {m.workload.sampling.temperature}, "
-        + (f"a load mix of concurrency {', '.join(f'{c} ({w:.0%})' for c, w in m.workload.weights().items())}"
+        + (f"a load mix of {', '.join(f'{m.workload.level_name(k)} ({w:.0%})' for k, w in m.workload.weights().items())}"
            if m.workload.is_mix else f"concurrency {m.concurrency}"),
         f"measured with vLLM {m.versions.vllm}, torch {m.versions.torch}, spectune {m.versions.spectune} "
         f"on {m.hardware.platform}: {m.hardware.cpu}" + (f", {', '.join(m.hardware.gpus)}" if m.hardware.gpus else ""),

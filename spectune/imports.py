@@ -174,7 +174,7 @@ def _check_fits(path: Path, data: Mapping[str, Any], ctx: StudyContext, input_to
         raise ConfigError(f"{path}: {field} {theirs!r} differs from the study's {ours!r}; nothing imported")
 
     if wl.is_mix:  # a result file measured one load; the study's objective weighs several
-        raise ConfigError(f"{path}: the study measures a load mix (concurrency {wl.concurrency_levels}); a vllm bench "
+        raise ConfigError(f"{path}: the study measures a load mix ({', '.join(wl.level_name(k) for k in wl.levels)}); a vllm bench "
                           "result measured one load and cannot stand for it; nothing imported")
     if data.get("model_id") not in (ctx.config.target, served):
         refuse("model_id", data.get("model_id"), served)

@@ -137,10 +137,10 @@ class WindowStats(BaseModel):
 
 
 class LevelStats(BaseModel):
-    """One concurrency level of a sweep (``workload.concurrency_levels``), on the trial's engine:
-    its own prompts (disjoint from every other level's), its own counters."""
+    """One level of a sweep (``workload.concurrency_levels`` or ``request_rate_levels``), on the
+    trial's engine: its own prompts (disjoint from every other level's), its own counters."""
 
-    concurrency: int
+    concurrency: int = Field(description="Requests in flight: the level's, or at a request rate the most.")
     num_requests: int
     num_failed: int
     duration_seconds: float
@@ -155,6 +155,24 @@ class LevelStats(BaseModel):
     engine_timing: EngineTimingStats | None = Field(
         default=None, description="The engine core's own timing of this level's requests (None where vLLM "
         "reports no such histograms, or in a measurement stored before levels kept it).")
+    request_rate: float | None = Field(default=None, description="The level's request rate, where the levels "
+                                       "are rates (``request_rate_levels``).")
+    mean_in_flight: float | None = Field(
+        default=None, description="Requests in flight on average while any was (their summed latency over the "
+        "time the engine had work; None in a measurement stored before levels kept it).")
+
+    @property
+    def key(self) -> float:
+        """The level's key: its request rate where the levels are rates, else its concurrency."""
+        return self.request_rate if self.request_rate is not None else self.concurrency
+
+    @property
+    def batch(self) -> float:
+        """The batch the engine ran at this level: its concurrency; at a request rate, the
+        measured mean in flight (at least 1), or the cap where it was not kept."""
+        if self.request_rate is None:
+            return self.concurrency
+        return max(1.0, self.mean_in_flight) if self.mean_in_flight is not None else self.concurrency
 
 
 
@@ -220,9 +238,12 @@ class Measurement(BaseModel):
     requests: list[RequestSample] = Field(description="Requests of every window, in order.")
     levels: list[LevelStats] = Field(
         default_factory=list,
-        description="A sweep's concurrency levels, the headline one (``concurrency``) included; "
-        "empty without ``concurrency_levels``. Requests of the other levels are not in ``requests``.",
+        description="A sweep's levels, the headline one (:attr:`headline`) included; empty without "
+        "``concurrency_levels`` or ``request_rate_levels``. Requests of the other levels are not in ``requests``.",
     )
+    mean_in_flight: float | None = Field(
+        default=None, description="Requests in flight on average over the windows while any was (None in a "
+        "measurement stored before it was kept).")
 
     @property
     def bursty_delivery(self) -> bool | None:
@@ -235,18 +256,27 @@ class Measurement(BaseModel):
             return None
         return client < BURSTY_DELIVERY * engine
 
-    def at_concurrency(self, concurrency: int) -> LevelStats | None:
-        """The measured level ``concurrency`` of a sweep, or the headline one; None if not measured."""
+    @property
+    def headline(self) -> float:
+        """The headline level's key: the workload's request rate where its levels are rates,
+        else the concurrency its windows ran at."""
+        return self.workload.headline if self.workload.by_rate else self.concurrency
+
+    def level_at(self, key: float) -> LevelStats | None:
+        """The measured level of a sweep by its key (:attr:`LevelStats.key`: a concurrency, or a
+        request rate), or the headline one; None if not measured."""
         for level in self.levels:
-            if level.concurrency == concurrency:
+            if level.key == key:
                 return level
-        if concurrency == self.concurrency:
+        if key == self.headline:
             return LevelStats(
-                concurrency=concurrency, num_requests=self.num_requests, num_failed=self.num_failed,
+                concurrency=self.concurrency, num_requests=self.num_requests, num_failed=self.num_failed,
                 duration_seconds=self.duration_seconds, output_throughput=self.output_throughput,
                 tpot_median_ms=self.tpot_ms.median, ttft_median_ms=self.ttft_ms.median, acceptance=self.acceptance,
                 tpot_p99_ms=self.tpot_ms.p99, ttft_p99_ms=self.ttft_ms.p99, e2el_median_ms=self.e2el_ms.median,
                 e2el_p99_ms=self.e2el_ms.p99, engine_timing=self.engine_timing,
+                request_rate=self.workload.request_rate if self.workload.by_rate else None,
+                mean_in_flight=self.mean_in_flight,
             )
         return None
 
@@ -299,7 +329,7 @@ class Objective(str, Enum):
         if levels is None:
             return self.of_headline(m)
         weights = m.workload.weights()
-        return math.exp(math.fsum(weights[c] * math.log(v) for c, v in levels.items() if weights[c] > 0))
+        return math.exp(math.fsum(weights[k] * math.log(v) for k, v in levels.items() if weights[k] > 0))
 
     def of_headline(self, m: Measurement) -> float:
         """The value at the measurement's headline concurrency: the median over its windows."""
@@ -313,7 +343,7 @@ class Objective(str, Enum):
         value = getattr(level, self.value)
         return float(value) if value is not None and value > 0 and math.isfinite(value) else None
 
-    def of_levels(self, m: Measurement) -> dict[int, float] | None:
+    def of_levels(self, m: Measurement) -> dict[float, float] | None:
         """Each level's value of a load mix (the headline's from its windows, as :meth:`of_headline`);
         None when the workload is not a mix, or the measurement holds no levels or was stored
         before its levels kept this objective's figure.
@@ -324,16 +354,16 @@ class Objective(str, Enum):
         if not m.workload.is_mix or not m.levels:
             return None
         weights = m.workload.weights()
-        out: dict[int, float] = {}
-        for c in m.workload.levels:
-            level = m.at_concurrency(c)
-            value = self.of_headline(m) if c == m.concurrency else (self.at_level(level) if level else None)
+        out: dict[float, float] = {}
+        for k in m.workload.levels:
+            level = m.level_at(k)
+            value = self.of_headline(m) if k == m.headline else (self.at_level(level) if level else None)
             if value is not None:
-                out[c] = value
+                out[k] = value
             elif level is not None and level.num_failed < level.num_requests:
                 return None  # answered, yet without the figure: stored before levels kept it
-            elif weights[c] > 0:
-                raise EngineError(f"no request produced a value for {self.value} at concurrency {c}")
+            elif weights[k] > 0:
+                raise EngineError(f"no request produced a value for {self.value} at {m.workload.level_name(k)}")
         return out
 
 
@@ -342,7 +372,7 @@ def _worst_level(objective: Objective, m: Measurement) -> float:
     its value."""
     if not (m.workload.is_mix and m.levels):
         return objective.of(m)
-    others = (v for lv in m.levels if lv.concurrency != m.concurrency and (v := objective.at_level(lv)) is not None)
+    others = (v for lv in m.levels if lv.key != m.headline and (v := objective.at_level(lv)) is not None)
     return max(objective.of_headline(m), *others)
 
 

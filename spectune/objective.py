@@ -142,7 +142,7 @@ class TrialFunction:
             trial.set_constraint(slo_name, value)
         levels = primary.of_levels(m)
         headline(m).model_copy(update={
-            "level_values": {str(c): round(v, 4) for c, v in levels.items()} if levels else None,
+            "level_values": {f"{c:g}": round(v, 4) for c, v in levels.items()} if levels else None,
             "speedup": round(speedup(primary.maximize, values[0], base), 4) if base is not None else None,
             "noise": relative_noise(primary, m), "constraints": constraints,
             "feasible": all(c <= 0 for c in constraints.values()),

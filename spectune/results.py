@@ -275,7 +275,10 @@ class LevelRow:
     """One level of a load mix (:attr:`~spectune.config.WorkloadSpec.is_mix`): the choice there
     against the baseline there, and the configuration measured best at that level alone."""
 
-    concurrency: int
+    level: float
+    """The level's key: its concurrency, or its request rate (:attr:`name` says which)."""
+    name: str
+    """The level as a user reads it: ``concurrency 4``, ``0.5 requests/s``."""
     weight: float
     value: float
     """The choice's first objective at this level, its mean over its engines."""
@@ -473,7 +476,7 @@ class StudyView:
         except ValueError:  # a study spectune did not make
             return None
 
-        def per_level(c: Engines) -> dict[int, float] | None:
+        def per_level(c: Engines) -> dict[float, float] | None:
             ms = [m for n in c.numbers if (r := self._row(n)) is not None and r.trial_id is not None
                   and (m := self.store.measurement(r.trial_id)) is not None]
             try:
@@ -493,17 +496,20 @@ class StudyView:
         others = {c.row.label: lv for c in configs if c.feasible and (lv := per_level(c)) is not None}
         out = []
         for b, v in mine.items():
-            def gain(x: float, b: int = b) -> float:
+            def gain(x: float, b: float = b) -> float:
                 return speedup(self.maximize, x, base[b])
             best, best_v = max(((label, lv[b]) for label, lv in others.items() if b in lv),
                                key=lambda item: gain(item[1]), default=(chosen.row.label, v))
-            out.append(LevelRow(b, weights.get(b, math.nan), v, base[b], gain(v), best, gain(best_v)))
+            name = m.workload.level_name(b) if m is not None else f"{b:g}"
+            out.append(LevelRow(b, name, weights.get(b, math.nan), v, base[b], gain(v), best, gain(best_v)))
         return out
 
     def _is_mix(self) -> bool:
         """Whether the study measures a load mix (from its stored configuration)."""
         workload = (StudyRecord.of(self.study).spectune_config or {}).get("workload")
-        levels = workload.get("concurrency_levels") if isinstance(workload, dict) else None
+        if not isinstance(workload, dict):
+            return False
+        levels = workload.get("concurrency_levels") or workload.get("request_rate_levels")
         return isinstance(levels, list) and len(levels) >= 2
 
     def _row(self, number: int) -> TrialRow | None:

@@ -303,6 +303,10 @@ def plan_study(config: StudyConfig) -> StudyPlan:
         _logger.warning("workload %s: its prompts are chat messages, sent as plain text to the completions API "
                         "(api: completions); set api: chat to send them through the model's chat template",
                         config.workload.source)
+    if config.workload.by_rate and config.workload.is_mix and Objective.OUTPUT_THROUGHPUT in config.objectives:
+        _logger.warning("workload: at a request rate the engine keeps up with, output throughput is the rate's, "
+                        "whatever the configuration; a mix of request rates is told apart by its latencies "
+                        "(objective tpot_median_ms, e2el_median_ms or their p99)")
     return StudyPlan(space, _checked_engine(config, space, prompts), prompts)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 import re
 import statistics
 import time
@@ -61,15 +62,33 @@ def window_stats(result: LoadResult) -> WindowStats:
 
 
 def level_stats(concurrency: int, result: LoadResult, acceptance: AcceptanceStats | None,
-                engine_timing: EngineTimingStats | None = None) -> LevelStats:
-    """One level of a sweep: its window's figures and its own counters."""
+                engine_timing: EngineTimingStats | None = None, request_rate: float | None = None) -> LevelStats:
+    """One level of a sweep: its window's figures and its own counters. ``request_rate``: the
+    level's rate, where the levels are rates."""
     w = window_stats(result)
     n = len(result.records)
     return LevelStats(concurrency=concurrency, num_requests=n, num_failed=n - len(result.succeeded),
                       duration_seconds=w.duration_seconds, output_throughput=w.output_throughput,
                       tpot_median_ms=w.tpot_median_ms, ttft_median_ms=w.ttft_median_ms, acceptance=acceptance,
                       tpot_p99_ms=w.tpot_p99_ms, ttft_p99_ms=w.ttft_p99_ms, e2el_median_ms=w.e2el_median_ms,
-                      e2el_p99_ms=w.e2el_p99_ms, engine_timing=engine_timing)
+                      e2el_p99_ms=w.e2el_p99_ms, engine_timing=engine_timing, request_rate=request_rate,
+                      mean_in_flight=mean_in_flight([result]))
+
+
+def mean_in_flight(results: Sequence[LoadResult]) -> float | None:
+    """Requests in flight on average while any was: the requests' summed end-to-end latency over
+    the time at least one was in flight (Little's law, idle gaps left out, so that a quiet
+    request rate reads as the batch its engine ran, not as a fraction of one). None without an
+    answered request."""
+    busy, total = 0.0, 0.0
+    for res in results:
+        spans = sorted((r.start, r.start + r.e2el) for r in res.succeeded if r.e2el is not None)
+        total += math.fsum(end - start for start, end in spans)
+        edge = -math.inf
+        for start, end in spans:  # the union of the spans
+            busy += max(0.0, end - max(start, edge))
+            edge = max(edge, end)
+    return total / busy if busy > 0 else None
 
 
 def request_sample(r: RequestRecord) -> RequestSample:
@@ -123,7 +142,7 @@ def summarize(
         memory_kind=memory_kind,
         kv_cache_tokens=kv_cache_tokens, kv_cache_peak_usage=kv_cache_peak_usage,
         versions=versions(), hardware=hardware(engine.env.get("CUDA_VISIBLE_DEVICES")), windows=windows,
-        requests=[request_sample(r) for r in records],
+        requests=[request_sample(r) for r in records], mean_in_flight=mean_in_flight(results),
     )
 
 
@@ -154,7 +173,8 @@ def measure(
     neutral text of their own: proposers that learn from earlier requests (suffix decoding)
     would otherwise be measured on answers they have already seen. A sweep
     (``workload.concurrency_levels``) measures each other level after the headline windows, on
-    a window of prompts of its own, with its own counters (:attr:`Measurement.levels`).
+    a window of prompts of its own, with its own counters (:attr:`Measurement.levels`); a sweep of
+    request rates (``workload.request_rate_levels``) sends each level at its rate.
 
     Raises ConfigError before any engine starts when a level's window is smaller than the level,
     or when the engine here cannot run ``spec``'s method (:func:`~spectune.engines.check_runnable`).
@@ -198,9 +218,9 @@ def measure(
                 "its TTFT, TPOT and ITL are the delivery's, not the engine's; its throughput holds",
                 spec.label(), m.tpot_ms.mean, m.engine_timing.tpot_ms)  # type: ignore[union-attr]
         if sweep:
-            headline = m.at_concurrency(m.concurrency)
+            headline = m.level_at(m.headline)
             assert headline is not None
-            m.levels = sorted([headline, *levels], key=lambda lv: lv.concurrency)
+            m.levels = sorted([headline, *levels], key=lambda lv: lv.key)
         return m
 
 
@@ -218,11 +238,12 @@ class _Run:
         self.done = 0
         self.kv = _KVWatch(server.base_url)
 
-    def _load(self, prompts: Sequence[Prompt], concurrency: int | None = None) -> LoadResult:
+    def _load(self, prompts: Sequence[Prompt], workload: WorkloadSpec | None = None) -> LoadResult:
         done = self.done
         self.hook("measure", done, self.total)
+        workload = workload or self.workload
         with self.kv.watching():
-            result = run_load(self.server.base_url, self.model, prompts, self.workload, concurrency=concurrency,
+            result = run_load(self.server.base_url, self.model, prompts, workload, concurrency=workload.concurrency,
                               progress=lambda d, t: self.hook("measure", done + d, self.total), timeout=self.timeout,
                               api_key=self.server.api_key)
         self.done += len(prompts)
@@ -253,16 +274,19 @@ class _Run:
             )
         return results, fetch_counters(self.server.base_url) - before
 
-    def sweep(self, sweep: dict[int, list[Prompt]]) -> list[LevelStats]:
-        """Each other concurrency level of a sweep, on prompts and counters of its own."""
+    def sweep(self, sweep: dict[float, list[Prompt]]) -> list[LevelStats]:
+        """Each other level of a sweep (a concurrency, or a request rate), on prompts and counters
+        of its own."""
         levels = []
         for level, prompts in sweep.items():
+            workload = self.workload.at_level(level)
             before = fetch_counters(self.server.base_url)
-            res = self._load(prompts, concurrency=level)
+            res = self._load(prompts, workload)
             counters = fetch_counters(self.server.base_url) - before
             acc, timing = counters.acceptance(), counters.timing()
-            levels.append(level_stats(level, res, AcceptanceStats(**vars(acc)) if acc else None,
-                                      EngineTimingStats(**vars(timing)) if timing else None))
+            levels.append(level_stats(workload.concurrency, res, AcceptanceStats(**vars(acc)) if acc else None,
+                                      EngineTimingStats(**vars(timing)) if timing else None,
+                                      request_rate=workload.request_rate if workload.by_rate else None))
         return levels
 
 
@@ -316,23 +340,24 @@ def warmup_prompts(n: int, max_tokens: int = WARMUP_TOKENS) -> list[Prompt]:
 
 
 def plan_windows(prompts: Sequence[Prompt], workload: WorkloadSpec,
-                 repeats: int) -> tuple[list[list[Prompt]], dict[int, list[Prompt]]]:
-    """The headline windows (at ``workload.concurrency``) and, for a sweep, one window per other
-    level of ``workload.concurrency_levels``: all disjoint, so that no level sees another's
-    prompts (a proposer that learns from earlier answers, suffix decoding, would be flattered).
+                 repeats: int) -> tuple[list[list[Prompt]], dict[float, list[Prompt]]]:
+    """The headline windows (at ``workload.headline``) and, for a sweep, one window per other
+    level (of ``concurrency_levels`` or ``request_rate_levels``): all disjoint, so that no level
+    sees another's prompts (a proposer that learns from earlier answers, suffix decoding, would
+    be flattered).
 
     Raises:
         ConfigError: a level's window holds fewer prompts than the level keeps in flight.
     """
-    others = [c for c in workload.levels if c != workload.concurrency] if workload.concurrency_levels else []
+    others = [k for k in workload.levels if k != workload.headline]
     if not others:
         return split_windows(prompts, repeats), {}
     if len(prompts) < repeats + len(others):
         raise ConfigError(f"workload: {len(prompts)} prompts cannot fill {repeats} window(s) and "
-                          f"{len(others)} other concurrency level(s); raise num_prompts")
+                          f"{len(others)} other load level(s); raise num_prompts")
     slices = split_windows(prompts, repeats + len(others))
     sweep = dict(zip(others, slices[repeats:], strict=True))
-    short = [c for c, window in sweep.items() if len(window) < c]
+    short = [] if workload.by_rate else [int(c) for c, window in sweep.items() if len(window) < c]
     if short:
         raise ConfigError(
             f"workload: concurrency level {max(short)} needs at least {max(short)} prompts of its own, but "

@@ -1,4 +1,6 @@
-"""Predictions at other concurrency levels, from a sweep (``workload.concurrency_levels``).
+"""Predictions at other concurrency levels, from a sweep (``workload.concurrency_levels``, or
+``request_rate_levels``: a level at a request rate sits at the batch its baseline ran there, the
+mean requests in flight while any was, :attr:`~spectune.measurement.LevelStats.batch`).
 
 A decode step of the target with ``b`` requests in flight takes ``t0(b) = A + B b``: ``A`` reads
 the weights once, ``B`` is the work per request (the roofline's first-order shape). ``A`` and
@@ -55,7 +57,7 @@ class StepTime:
 
     a: float
     slope: float
-    levels: tuple[int, ...]
+    levels: tuple[float, ...]
 
     def at(self, batch: float) -> float:
         return self.a + self.slope * batch
@@ -66,7 +68,7 @@ class StepTime:
         return self.slope * batch / t if t > 0 else 0.0
 
 
-def fit_step_time(points: Sequence[tuple[int, float]]) -> StepTime:
+def fit_step_time(points: Sequence[tuple[float, float]]) -> StepTime:
     """Least squares of ``t0 = a + slope b`` over ``(b, t0)`` points; neither may be negative
     (a negative slope becomes a flat line, a negative intercept a line through the origin).
 
@@ -92,15 +94,17 @@ def fit_step_time(points: Sequence[tuple[int, float]]) -> StepTime:
 
 @dataclass(frozen=True)
 class LevelPrediction:
-    """A candidate at one concurrency level: TPOT and output throughput, with intervals."""
+    """A candidate at one concurrency level (a batch): TPOT and output throughput, with intervals."""
 
-    concurrency: int
+    concurrency: float
     tpot_ms: Estimate
     output_throughput: Estimate
     scale_source: str
     """``fit``: ``rho`` fitted on this method's sweeps; ``fit-pooled``: on every method's (this
     one has none yet); ``roofline``: ``rho = 0`` assumed (no sweep of any speculative trial);
     ``measured``: not predicted, measured there (:meth:`~spectune.predict.StudyInputs.at_concurrency`)."""
+    name: str | None = None
+    """The study's own level this stands for (``0.5/s``, ``c=4``), where it is one."""
 
 
 @dataclass
@@ -111,22 +115,24 @@ class ConcurrencyModel:
     """
 
     step: StepTime
-    study_concurrency: int
-    baseline_levels: dict[int, tuple[float, float]]
-    """Measured ``level -> (median TPOT ms, output tokens/s)`` of the baseline, the study's
+    study_concurrency: float
+    baseline_levels: dict[float, tuple[float, float]]
+    """Measured ``batch -> (median TPOT ms, output tokens/s)`` of the baseline, the study's
     concurrency (its headline, what predictions there rest on) included."""
+    batches: dict[float, float] = field(default_factory=dict)
+    """The batch of each of the baseline's levels, by level key (a concurrency is its own)."""
     rho: dict[Method | None, tuple[float, int]] = field(default_factory=dict)
     """``method -> (rho, trials it rests on)``, fitted on TPOT; ``None``: every method's sweeps
     pooled, for a method with none of its own."""
     rho_throughput: dict[Method | None, tuple[float, int]] = field(default_factory=dict)
     """The same, fitted on output throughput."""
 
-    def t0(self, batch: int) -> float:
+    def t0(self, batch: float) -> float:
         """The baseline's TPOT at ``batch``: measured where it was, else the fitted line."""
         measured = self.baseline_levels.get(batch)
         return measured[0] if measured else self.step.at(batch)
 
-    def baseline_throughput(self, batch: int) -> float:
+    def baseline_throughput(self, batch: float) -> float:
         """The baseline's output throughput at ``batch``, measured or interpolated."""
         if batch in self.baseline_levels:
             return self.baseline_levels[batch][1]
@@ -140,7 +146,7 @@ class ConcurrencyModel:
             e = e0 + (e1 - e0) * (batch - b0) / (b1 - b0)
         return e * 1000.0 * batch / self.step.at(batch)
 
-    def scale(self, method: Method, batch: int, of: str = "tpot") -> tuple[float, str]:
+    def scale(self, method: Method, batch: float, of: str = "tpot") -> tuple[float, str]:
         """``g(b)`` of ``method`` for TPOT (``of="tpot"``) or throughput, and where its ``rho``
         comes from."""
         fits = self.rho if of == "tpot" else self.rho_throughput
@@ -149,7 +155,7 @@ class ConcurrencyModel:
         g = (rho + self.step.share(batch)) / (rho + s1) if rho + s1 > 0 else 1.0
         return g, ("fit" if method in fits else "fit-pooled") if n else "roofline"
 
-    def predict(self, prediction: Prediction, batch: int) -> LevelPrediction:
+    def predict(self, prediction: Prediction, batch: float, name: str | None = None) -> LevelPrediction:
         """``prediction`` (made at the study's concurrency) moved to ``batch``.
 
         Each end of the intervals moves with its own pairing of cost and tokens per step, so
@@ -167,7 +173,7 @@ class ConcurrencyModel:
                      (prediction.output_throughput.low, tok.low))
         thr = [thrb * e / (1.0 + _moved(thr1 * e / y - 1.0, g_thr)) if y > 0 else 0.0 for y, e in thr_pairs]
         return LevelPrediction(batch, Estimate(tpot[0], min(tpot), max(tpot)),
-                               Estimate(thr[0], min(thr), max(thr)), source)
+                               Estimate(thr[0], min(thr), max(thr)), source, name)
 
 
 def _moved(x: float, g: float) -> float:
@@ -177,11 +183,11 @@ def _moved(x: float, g: float) -> float:
     return x * g if x > 0 else x
 
 
-def _baseline_levels(baseline: Measurement) -> dict[int, tuple[float, float]]:
+def _baseline_levels(baseline: Measurement) -> dict[float, tuple[float, float]]:
     out = {}
-    for level in baseline.levels or [baseline.at_concurrency(baseline.concurrency)]:
+    for level in baseline.levels or [baseline.level_at(baseline.headline)]:
         if level is not None and level.tpot_median_ms and level.output_throughput > 0:
-            out[level.concurrency] = (level.tpot_median_ms, level.output_throughput)
+            out[level.batch] = (level.tpot_median_ms, level.output_throughput)
     return out
 
 
@@ -212,22 +218,28 @@ def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> C
     ``thr0(b) E / thr(b) - 1``, which carries what the prefill's share does at each level).
     """
     levels = _baseline_levels(baseline)
-    if len(levels) < 2 or baseline.concurrency not in levels:
+    key1 = baseline.headline
+    base_head = baseline.level_at(key1)
+    if len(levels) < 2 or base_head is None or base_head.batch not in levels:
         return None
     step = fit_step_time([(b, t) for b, (t, _) in levels.items()])
-    model = ConcurrencyModel(step, baseline.concurrency, levels)
-    b1, s1 = baseline.concurrency, step.share(baseline.concurrency)
+    batches = {lv.key: lv.batch for lv in baseline.levels}
+    model = ConcurrencyModel(step, base_head.batch, levels, batches)
+    s1 = step.share(base_head.batch)
+
+    def at(lv: LevelStats) -> float:  # where a trial's level sits: the baseline's batch at that level
+        return batches.get(lv.key, lv.batch)
 
     def x_tpot(lv: LevelStats, e: float) -> float | None:
-        return lv.tpot_median_ms * e / model.t0(lv.concurrency) - 1.0 if lv.tpot_median_ms else None
+        return lv.tpot_median_ms * e / model.t0(at(lv)) - 1.0 if lv.tpot_median_ms else None
 
     def x_throughput(lv: LevelStats, e: float) -> float | None:
-        return model.baseline_throughput(lv.concurrency) * e / lv.output_throughput - 1.0 \
+        return model.baseline_throughput(at(lv)) * e / lv.output_throughput - 1.0 \
             if lv.output_throughput > 0 else None
 
     swept = [(m, profile.tokens_per_step, head) for m in measured
              if len(m.levels) >= 2 and (profile := measured_profile(m)) is not None
-             and (head := m.at_concurrency(b1)) is not None]
+             and (head := m.level_at(key1)) is not None]
     for kind, x_of in (("tpot", x_tpot), ("throughput", x_throughput)):
         ratios: dict[Method, list[tuple[float, float, float]]] = {}
         counts: dict[Method, int] = {}
@@ -235,8 +247,8 @@ def fit_concurrency(baseline: Measurement, measured: Sequence[Measurement]) -> C
             x1 = x_of(head, e)
             if x1 is None or x1 < MIN_SPECULATIVE_PART:
                 continue
-            points = [(step.share(lv.concurrency), s1, x / x1) for lv in m.levels
-                      if lv.concurrency != b1 and (x := x_of(lv, _level_tokens(e, head, lv))) is not None]
+            points = [(step.share(at(lv)), s1, x / x1) for lv in m.levels
+                      if lv.key != key1 and (x := x_of(lv, _level_tokens(e, head, lv))) is not None]
             if points:
                 ratios.setdefault(m.spec.method, []).extend(points)
                 counts[m.spec.method] = counts.get(m.spec.method, 0) + 1

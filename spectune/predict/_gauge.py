@@ -88,7 +88,7 @@ def engine_gauge_ms(m: Measurement) -> float | None:
     level 1): the prefill of the workload's prompts, alone on the engine. With several requests
     in flight a prompt waits behind the others' decode steps, which speculation shortens: no
     gauge from those."""
-    level = m.at_concurrency(1)
+    level = None if m.workload.by_rate else m.level_at(1)  # levels keyed by rate: none one at a time
     ttft = level.ttft_median_ms if level is not None else None
     return ttft if ttft is not None and ttft > 0 else None
 

@@ -101,7 +101,7 @@ def mean_over_engines(engines: Sequence[Measurement]) -> Measurement:
         windows = [_mean_figures(list(each)) for each in zip(*(m.windows for m in engines), strict=True)]
     levels = []
     for level in first.levels:
-        same = [lv for m in engines if m.levels and (lv := m.at_concurrency(level.concurrency)) is not None]
+        same = [lv for m in engines if m.levels and (lv := m.level_at(level.key)) is not None]
         levels.append(_mean_figures(same) if len(same) == len(engines) else level)
     figures = _mean_figures(engines)
     return figures.model_copy(update={

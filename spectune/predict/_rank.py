@@ -346,12 +346,13 @@ class StudyInputs:
         weights = self.baseline.workload.weights()
         head = objective.of_headline(self.baseline)
 
-        def ratios(p: Prediction, c: int) -> tuple[float, float, float]:
-            lp = model.predict(p, c)
+        def ratios(p: Prediction, k: float) -> tuple[float, float, float]:
+            b = model.batches.get(k, k)
+            lp = model.predict(p, b)
             if objective is Objective.OUTPUT_THROUGHPUT:
-                est, base = lp.output_throughput, model.baseline_throughput(c)
+                est, base = lp.output_throughput, model.baseline_throughput(b)
             elif objective.value.startswith("tpot"):
-                est, base = lp.tpot_ms, model.t0(c)
+                est, base = lp.tpot_ms, model.t0(b)
             else:
                 est, base = p.value, head
             return est.value / base, est.low / base, est.high / base
@@ -402,28 +403,51 @@ class StudyInputs:
 
     def at_concurrency(self, predictions: Sequence[Prediction], levels: Sequence[int],
                        model: ConcurrencyModel | None = None) -> list[list[LevelPrediction]]:
-        """Each of ``predictions`` moved to each of ``levels`` (by ``model``, default: fitted here).
+        """Each of ``predictions`` moved to each of ``levels``, requests in flight (by ``model``,
+        default: fitted here).
 
         Raises:
             ConfigError: the study measured one concurrency level only (nothing to scale by), or
                 a level below 1.
         """
+        model = self._model(model)
+        if any(b < 1 for b in levels):
+            raise ConfigError(f"concurrency levels must be >= 1, got {list(levels)}")
+        by_rate = self.baseline.workload.by_rate  # measured levels are rates: none is a concurrency
+        return [[(None if by_rate else self._measured_at(p, b)) or model.predict(p, b) for b in levels]
+                for p in predictions]
+
+    def at_levels(self, predictions: Sequence[Prediction],
+                  model: ConcurrencyModel | None = None) -> list[list[LevelPrediction]]:
+        """Each of ``predictions`` at each level of the study's own sweep (a concurrency, or a
+        request rate at the batch its baseline ran there): measured where it was, else moved.
+
+        Raises:
+            ConfigError: the study measured one level only (nothing to scale by).
+        """
+        model = self._model(model)
+        workload = self.baseline.workload
+        return [[self._measured_at(p, k, workload.level_name(k, short=True))
+                 or model.predict(p, model.batches.get(k, k), workload.level_name(k, short=True))
+                 for k in workload.levels] for p in predictions]
+
+    def _model(self, model: ConcurrencyModel | None) -> ConcurrencyModel:
         model = model or self.concurrency_model()
         if model is None:
             raise ConfigError(
-                f"the baseline was measured at concurrency {self.baseline.concurrency} only: predictions at "
-                "other levels need a sweep (workload.concurrency_levels, two levels at least)")
-        if any(b < 1 for b in levels):
-            raise ConfigError(f"concurrency levels must be >= 1, got {list(levels)}")
-        return [[self._measured_at(p, b) or model.predict(p, b) for b in levels] for p in predictions]
+                f"the baseline was measured at {self.baseline.workload.level_name(self.baseline.headline)} "
+                "only: predictions at other levels need a sweep (workload.concurrency_levels or request_rate_levels, "
+                "two levels at least)")
+        return model
 
-    def _measured_at(self, p: Prediction, batch: int) -> LevelPrediction | None:
-        """A measured configuration at a level its sweep measured: its mean over its engines there."""
+    def _measured_at(self, p: Prediction, key: float, name: str | None = None) -> LevelPrediction | None:
+        """A measured configuration at a level its sweep measured (by the level's key): its mean
+        over its engines there."""
         if p.source != "measured":
             return None
         engines = [m for m in self.measured if m.spec.label() == p.label]
-        level = mean_over_engines(engines).at_concurrency(batch) if engines else None
+        level = mean_over_engines(engines).level_at(key) if engines else None
         if level is None or not level.tpot_median_ms:
             return None
         t, thr = level.tpot_median_ms, level.output_throughput
-        return LevelPrediction(batch, Estimate(t, t, t), Estimate(thr, thr, thr), "measured")
+        return LevelPrediction(level.batch, Estimate(t, t, t), Estimate(thr, thr, thr), "measured", name)

@@ -40,7 +40,7 @@ __all__ = ["BatchSchedule", "LevelCost", "batch_cost", "derive_schedule", "level
 _C_MIN, _C_MAX = 1e-6, 0.999
 
 
-def batch_cost(c1: float, b1: int, b: int) -> float:
+def batch_cost(c1: float, b1: float, b: float) -> float:
     """``c(b)`` from ``c1`` measured at concurrency ``b1`` (see the module docstring)."""
     if b1 < 1 or b < 1:
         raise ValueError(f"batch sizes must be >= 1, got b1={b1}, b={b}")
@@ -56,7 +56,7 @@ class BatchSchedule:
     ranges: list[tuple[int, int, int]]
     """``[range_start, range_end, k]``, inclusive, from 1 to ``max_batch``: vLLM's format."""
     c1: float
-    measured_concurrency: int
+    measured_concurrency: float
     max_k: int
 
     def to_vllm(self) -> list[list[int]]:
@@ -79,7 +79,7 @@ def derive_schedule(
     profile: AcceptanceProfile | Sequence[float],
     *,
     c1: float,
-    measured_concurrency: int,
+    measured_concurrency: float,
     max_batch: int = 256,
     max_k: int | None = None,
     cost_at: Callable[[int], float] | None = None,
@@ -123,7 +123,7 @@ class LevelCost:
     c d`` with ``d`` the drafted tokens per step, fitted over the proposer's trials (several ``k``
     give both parts; one gives ``c`` alone), and its acceptance there."""
 
-    batch: int
+    batch: float
     overhead: float
     c: float
     profile: AcceptanceProfile
@@ -190,7 +190,8 @@ def _fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
 
 def level_costs(baseline: Measurement, engines: Sequence[Measurement], *, basis: str = "throughput") -> list[LevelCost]:
     """The step cost of one proposer (``engines``: its measurements, any ``k``) at each level both
-    it and the baseline measured, in batch order.
+    it and the baseline measured, in batch order (a level at a request rate at the batch the
+    baseline ran there, :attr:`~spectune.measurement.LevelStats.batch`).
 
     ``basis`` ``throughput``: step times from the output throughput the client measured, which
     carries what speculation does to the prefills sharing the steps (what a throughput objective
@@ -198,7 +199,7 @@ def level_costs(baseline: Measurement, engines: Sequence[Measurement], *, basis:
     trial at that level report it, else from the client's median TPOT (a latency objective)."""
     out = []
     for base in baseline.levels or []:
-        pairs = [(lv, p) for m in engines if (lv := m.at_concurrency(base.concurrency)) is not None
+        pairs = [(lv, p) for m in engines if (lv := m.level_at(base.key)) is not None
                  and (p := level_profile(lv)) is not None]
         if not pairs or base.output_throughput <= 0:
             continue
@@ -211,7 +212,7 @@ def level_costs(baseline: Measurement, engines: Sequence[Measurement], *, basis:
             continue
         o, c = _fit_line(points)
         longest = max(pairs, key=lambda pair: pair[1].k)[1]
-        out.append(LevelCost(base.concurrency, o, c, longest, source, tuple(sorted({p.k for _, p in pairs}))))
+        out.append(LevelCost(base.batch, o, c, longest, source, tuple(sorted({p.k for _, p in pairs}))))
     return out
 
 

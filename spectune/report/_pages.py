@@ -92,8 +92,13 @@ class _Context:
         if m is None:
             return []
         w = m.workload
-        load = (f"Poisson arrivals at {w.request_rate} req/s, at most {m.concurrency} in flight"
-                if w.request_rate else f"concurrency {m.concurrency}")
+        if w.is_mix:
+            weights = w.weights()
+            load = (f"a load mix of {', '.join(f'{w.level_name(k)} ({weights[k]:.0%})' for k in w.levels)}"
+                    + (f", at most {m.concurrency} in flight" if w.by_rate else ""))
+        else:
+            load = (f"Poisson arrivals at {w.request_rate} req/s, at most {m.concurrency} in flight"
+                    if w.request_rate else f"concurrency {m.concurrency}")
         return [
             ("source", f"{w.source} (format {w.format}, api {w.api})"),
             ("prompts", f"{w.num_prompts if w.num_prompts is not None else 'all'} (selection seed {w.seed})"),

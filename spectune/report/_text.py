@@ -97,6 +97,6 @@ def level_rows(view: StudyView) -> tuple[list[str], list[list[str]]] | None:
         return None
     if not levels:
         return None
-    header = ["concurrency", "weight", "chosen", "baseline", "speedup", "best at this level", "its speedup"]
-    return header, [[str(lv.concurrency), f"{lv.weight:.2f}", f"{lv.value:.4g}", f"{lv.baseline:.4g}",
+    header = ["level", "weight", "chosen", "baseline", "speedup", "best at this level", "its speedup"]
+    return header, [[lv.name, f"{lv.weight:.2f}", f"{lv.value:.4g}", f"{lv.baseline:.4g}",
                      f"{lv.speedup:.3f}x", lv.best, f"{lv.best_speedup:.3f}x"] for lv in levels]

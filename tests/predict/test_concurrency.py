@@ -144,7 +144,7 @@ def test_sweep_windows_are_disjoint_and_large_enough() -> None:
     assert plan_windows(prompts, WorkloadSpec(source="x.jsonl", concurrency=4), repeats=2)[1] == {}
     with pytest.raises(ConfigError, match="level 8 needs at least 8 prompts.*at least 24"):
         plan_windows(prompts, WorkloadSpec(source="x.jsonl", concurrency_levels=[1, 8]), repeats=2)
-    with pytest.raises(ConfigError, match="3 prompts cannot fill 2 window.*2 other concurrency level"):
+    with pytest.raises(ConfigError, match="3 prompts cannot fill 2 window.*2 other load level"):
         plan_windows(prompts[:3], WorkloadSpec(source="x.jsonl", concurrency_levels=[1, 2, 3]), repeats=2)
 
 

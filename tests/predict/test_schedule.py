@@ -177,7 +177,7 @@ def test_a_schedule_reaches_vllms_scheduler_and_k_follows_the_batch(tiny_models,
                             sampling={"max_tokens": 24, "temperature": 0.0, "ignore_eos": True})
     m = measure(tiny_engine_args(tiny_models.target), spec, workload, prompts, log_dir=tmp_path, repeats=1)
     assert any("num_speculative_tokens_per_batch_size" in part for part in m.command)
-    quiet, busy = m.at_concurrency(1), m.at_concurrency(8)
+    quiet, busy = m.level_at(1), m.level_at(8)
     assert quiet is not None and busy is not None and quiet.acceptance and busy.acceptance
     k_quiet = quiet.acceptance.num_draft_tokens / quiet.acceptance.num_drafts
     k_busy = busy.acceptance.num_draft_tokens / busy.acceptance.num_drafts

@@ -96,7 +96,7 @@ def test_mean_over_engines_averages_what_predictions_read(landscape: Landscape) 
 
     m = next(p.measurement for p in landscape.points if p.label == "none")
     assert m is not None and m.tpot_ms.median is not None and mean_over_engines([m]) is m
-    head = m.at_concurrency(m.concurrency)
+    head = m.level_at(m.concurrency)
     assert head is not None
     swept = m.model_copy(update={"levels": [head, head.model_copy(update={"concurrency": 4})]})
     slow = swept.model_copy(update={

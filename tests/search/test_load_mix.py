@@ -70,22 +70,22 @@ def test_a_mix_study_optimises_the_weighted_whole_and_shows_each_level(sweep: La
         assert attrs == {str(c): pytest.approx(v, abs=1e-4) for c, v in levels.items()}
     choice = view.best()
     rows = view.levels(choice)
-    assert rows is not None and [r.concurrency for r in rows] == [1, 2, 4, 8]
+    assert rows is not None and [r.level for r in rows] == [1, 2, 4, 8]
     base = _levels(by_label["none"])
     mine = _levels(by_label[choice.row.label])
     for r in rows:
-        assert r.weight == pytest.approx(share[r.concurrency])
-        assert r.speedup == pytest.approx(mine[r.concurrency] / base[r.concurrency])
-        best = max(by_label, key=lambda label: _levels(by_label[label])[r.concurrency])
-        assert r.best == best and r.best_speedup == pytest.approx(_levels(by_label[best])[r.concurrency] / base[r.concurrency])
+        assert r.weight == pytest.approx(share[r.level])
+        assert r.speedup == pytest.approx(mine[r.level] / base[r.level])
+        best = max(by_label, key=lambda label: _levels(by_label[label])[r.level])
+        assert r.best == best and r.best_speedup == pytest.approx(_levels(by_label[best])[r.level] / base[r.level])
     # the mix's speedup is the levels' speedups, weighted
-    assert choice.speedup == pytest.approx(math.exp(sum(share[r.concurrency] * math.log(r.speedup) for r in rows)))
+    assert choice.speedup == pytest.approx(math.exp(sum(share[r.level] * math.log(r.speedup) for r in rows)))
     out = CliRunner().invoke(app, ["show", "--storage", f"sqlite:///{tmp_path / 's.db'}", "--study", "mix"],
                              env={"COLUMNS": "160"})
     assert out.exit_code == 0, out.output
     assert "the choice at each level of the load mix" in out.output
     assert f"{rows[-1].speedup:.3f}x" in out.output
-    assert view.record()["best"]["levels"][0]["concurrency"] == 1
+    assert view.record()["best"]["levels"][0]["level"] == 1
 
 
 def test_weights_move_the_choice_towards_the_level_they_favour(sweep: Landscape, tmp_path: Path) -> None:
