@@ -324,7 +324,7 @@ class StudyStrategy(SearchStrategy):
             return Wait("every candidate left is running on another worker")
         # the running candidates predicted too: the plan counts them at what they will likely measure
         predictions = inputs.predict()
-        outside = [p for p in predictions if beyond is not None and not _holds(self.space, p.spec)]
+        outside = [p for p in predictions if beyond is not None and not self.space.holds(p.spec)]
         predictions = [p for p in predictions if p not in outside]
         running = [p for p in predictions if spec_key(p.spec.to_vllm()) in busy]
         todo = [p for p in predictions if spec_key(p.spec.to_vllm()) not in busy]
@@ -492,15 +492,6 @@ predicted (its acceptance replayed once) at every decision."""
 STOP_CHANCE = DEFAULT_STOP_CHANCE
 """Guided search stops once no candidate, unmeasured or measured on one engine, has more than
 this chance of beating the pick by more than the tolerance."""
-
-
-def _holds(space: SearchSpace, spec: SpecConfig) -> bool:
-    """Whether ``spec`` is a candidate of ``space``."""
-    try:
-        space.params_of(spec)
-    except ConfigError:
-        return False
-    return True
 
 
 def _beyond_edge(outside: Sequence[Prediction], standing: _Standing,

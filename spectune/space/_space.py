@@ -234,6 +234,14 @@ class SearchSpace(StrictModel):
         values = self.methods[method]._walk(choose)
         return validate(SpecConfig, {"method": method, **values}, self._source)
 
+    def holds(self, spec: SpecConfig) -> bool:
+        """Whether ``spec`` is a candidate of this space (:meth:`params_of` takes it)."""
+        try:
+            self.params_of(spec)
+        except ConfigError:
+            return False
+        return True
+
     def params_of(self, spec: SpecConfig) -> dict[str, Any]:
         """The Optuna parameters :meth:`suggest` draws for ``spec``, for ``study.enqueue_trial``.
 

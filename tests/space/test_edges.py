@@ -65,6 +65,7 @@ def test_a_widened_space_holds_the_values_past_the_edge_and_is_stored_and_applie
     with pytest.raises(ConfigError, match="is not in methods.ngram"):
         space.params_of(ngram(12, 4))
     assert wider.params_of(ngram(12, 4))[f"ngram.{K}"] == 12
+    assert wider.holds(ngram(12, 4)) and not space.holds(ngram(12, 4)) and space.holds(ngram(8, 4))
     assert len(wider.enumerate()) == 2 * len(space.enumerate()) - 1  # k 1..16 against 1..8, and the baseline
     widening = {"param": f"ngram.{K}", "was": space.domain(f"ngram.{K}").model_dump(mode="json"),  # type: ignore[union-attr]
                 "range": wider.domain(f"ngram.{K}").model_dump(mode="json")}  # type: ignore[union-attr]
