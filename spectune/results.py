@@ -424,7 +424,7 @@ class StudyView:
         paired = self.paired_band(rival, base, spread) if rival is not None else None
         band = paired or best.noise + base.noise
         what = "paired band" if paired else "noise band"
-        if paired and self._is_mix():  # the requests kept are the headline level's
+        if paired and self.is_mix():  # the requests kept are the headline level's
             what = "paired band of the headline level"
         gain = _finite(speedup(self.maximize, best.value, base.value))
         engines = (f", mean of {len(best.values)} engines" if len(best.values) > 1
@@ -469,7 +469,7 @@ class StudyView:
     def levels(self, choice: Choice) -> list[LevelRow] | None:
         """The load mix level by level: ``choice`` and the best at each level against the
         baseline; None when the study measures no mix (or its baseline has no levels stored)."""
-        if not self._is_mix():  # its stored configuration says: nothing to load
+        if not self.is_mix():  # its stored configuration says: nothing to load
             return None
         try:
             objective = Objective(self.objectives[0])
@@ -504,7 +504,7 @@ class StudyView:
             out.append(LevelRow(b, name, weights.get(b, math.nan), v, base[b], gain(v), best, gain(best_v)))
         return out
 
-    def _is_mix(self) -> bool:
+    def is_mix(self) -> bool:
         """Whether the study measures a load mix (from its stored configuration)."""
         workload = (StudyRecord.of(self.study).spectune_config or {}).get("workload")
         if not isinstance(workload, dict):

@@ -184,7 +184,13 @@ def fig_throughput_vs_latency(view: StudyView) -> Figure:
             marker={"size": 16, "symbol": "circle-open", "color": "black"},
             hovertemplate="%{text}<extra>Pareto front</extra>",
         ))
-    return _layout(fig, "Throughput against latency", _UNITS.get(latency, latency), _UNITS["output_throughput"])
+    def axis(name: str) -> str:  # over a load mix an objective is the whole's, any other figure the headline level's
+        unit = _UNITS.get(name, name)
+        if not view.is_mix():
+            return unit
+        return f"{unit}, {'over the load mix' if name in view.objectives else 'at the headline level'}"
+
+    return _layout(fig, "Throughput against latency", axis(latency), axis("output_throughput"))
 
 
 def fig_predicted_vs_measured(view: StudyView) -> Figure | None:

@@ -86,6 +86,11 @@ def test_a_mix_study_optimises_the_weighted_whole_and_shows_each_level(sweep: La
     assert "the choice at each level of the load mix" in out.output
     assert f"{rows[-1].speedup:.3f}x" in out.output
     assert view.record()["best"]["levels"][0]["level"] == 1
+    from spectune.report._figures import fig_throughput_vs_latency
+
+    axes = fig_throughput_vs_latency(view).layout  # the objective is the mix's, the other figure the headline's
+    assert axes.yaxis.title.text == "output tokens/s, over the load mix"
+    assert axes.xaxis.title.text == "TPOT median (ms), at the headline level"
 
 
 def test_weights_move_the_choice_towards_the_level_they_favour(sweep: Landscape, tmp_path: Path) -> None:
