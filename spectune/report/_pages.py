@@ -15,7 +15,7 @@ from spectune._util import atomic_write_text
 from spectune.errors import ConfigError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
-from spectune.report._text import best_config_yaml, best_line, decide, fmt, level_rows
+from spectune.report._text import best_config_yaml, best_line, decide, fmt, level_markdown, level_rows, md_cell
 from spectune.results import edge_notes, engine_spread_note, prediction_errors_note, stop_note
 from spectune.storage import safe_url
 
@@ -223,10 +223,6 @@ def render_html(view: StudyView) -> str:
     return "\n".join(parts)
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(view: StudyView) -> str:
     """A Markdown summary for a CI job to post: decision, best config YAML, trials, setup."""
     ctx = _Context.of(view)
@@ -243,14 +239,12 @@ def render_markdown(view: StudyView) -> str:
             lines += [stopped, ""]
         for note in edge_notes(view):
             lines += [note, ""]
-        if (mix := level_rows(view)) is not None:
-            lines += [f"At each level of the load mix ({view.objectives[0]}):", "", "| " + " | ".join(mix[0]) + " |", "|" + "---|" * len(mix[0])]
-            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in mix[1]] + [""]
+        lines += level_markdown(view)
         if ctx.yaml is not None:
             lines += ["```yaml", ctx.yaml.rstrip(), "```", ""]
     header = _trial_header(view)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_md_cell(c) for c in _trial_cells(view, r)) + " |" for r in view.sorted_rows()]
+    lines += ["| " + " | ".join(md_cell(c) for c in _trial_cells(view, r)) + " |" for r in view.sorted_rows()]
     lines.append("")
     wl = ctx.workload_rows()
     if wl:

@@ -67,6 +67,8 @@ def study_note(view: StudyView) -> str:
     several = len(choice.engines) > 1 or len(choice.baseline_engines) > 1
     first = " (first engine)" if several else ""
     lines += [f"- measured{first}: {values}", f"- baseline (trial {choice.baseline.number}){first}: {base}"]
+    if view.is_mix():
+        lines[-2] += " over the load mix"
     if several:
         lines.append(f"- {view.objectives[0]} on each engine: {', '.join(fmt(v) for v in choice.engines)} "
                      f"(baseline: {', '.join(fmt(v) for v in choice.baseline_engines)})")
@@ -75,7 +77,7 @@ def study_note(view: StudyView) -> str:
         if choice.band_kind.startswith("paired band") else ""))
     if (spread := engine_spread_note(choice.engine_spread)) is not None:
         lines.append(f"- {spread}")
-    lines.append("")
+    lines += ["", *level_markdown(view)]
     text = best_config_yaml(view, choice)
     if text is not None:
         lines += ["`vllm serve --config best.yaml` with this `best.yaml` "
@@ -85,6 +87,22 @@ def study_note(view: StudyView) -> str:
               "latency with the Pareto front, and predicted against measured when the study "
               "has predictions. `spectune report` writes them into one HTML file."]
     return "\n".join(lines) + "\n"
+
+
+def level_markdown(view: StudyView) -> list[str]:
+    """The load mix level by level as a Markdown table, with its title and a blank line after
+    (the report's Markdown and the dashboard's note); empty when the study measures no mix."""
+    mix = level_rows(view)
+    if mix is None:
+        return []
+    header, rows = mix
+    return [f"At each level of the load mix ({view.objectives[0]}):", "", "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header), *("| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows), ""]
+
+
+def md_cell(text: str) -> str:
+    """``text`` as one cell of a Markdown table."""
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def level_rows(view: StudyView) -> tuple[list[str], list[list[str]]] | None:

@@ -91,6 +91,11 @@ def test_a_mix_study_optimises_the_weighted_whole_and_shows_each_level(sweep: La
     axes = fig_throughput_vs_latency(view).layout  # the objective is the mix's, the other figure the headline's
     assert axes.yaxis.title.text == "output tokens/s, over the load mix"
     assert axes.xaxis.title.text == "TPOT median (ms), at the headline level"
+    from spectune.report._text import study_note
+
+    note = study_note(view)  # the dashboard's: the mix's value, and the table of its levels
+    assert "over the load mix" in note and "| level | weight | chosen |" in note
+    assert f"| concurrency 8 | {share[8]:.2f} |" in note
 
 
 def test_weights_move_the_choice_towards_the_level_they_favour(sweep: Landscape, tmp_path: Path) -> None:
