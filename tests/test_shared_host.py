@@ -51,6 +51,15 @@ def test_each_engine_listens_on_loopback_with_a_key_of_its_own_that_its_command_
         assert server.api_key not in server.args.model_dump_json()  # what a Measurement records
 
 
+def test_an_engine_on_an_ipv6_loopback_gets_a_free_port_there_and_is_reached_in_brackets(tmp_path: Path) -> None:
+    server = _server(tmp_path, host="::1")
+    assert server.base_url == f"http://[::1]:{server.port}"
+    with server:
+        result = run_load(server.base_url, server.served_model_name, [Prompt(id="p", text="hello")],
+                          WorkloadSpec(source="x.jsonl", sampling={"max_tokens": 4}), api_key=server.api_key)
+    assert [r.ok for r in result.records] == [True] and result.records[0].output_tokens
+
+
 def test_a_key_the_user_would_set_is_refused_in_one_line() -> None:
     for engine in ({"extra_args": {"api-key": "mine"}}, {"extra_args": {"api_key": "mine"}},
                    {"env": {"VLLM_API_KEY": "mine"}}):

@@ -56,9 +56,10 @@ then compiling and capturing CUDA graphs, takes many minutes."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+    """A TCP port that is free on ``host`` right now (an IPv4 or IPv6 address, or a name)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.bind(address)
         return int(s.getsockname()[1])
 
 
@@ -263,7 +264,7 @@ class VLLMServer(EngineServer):
     @property
     def base_url(self) -> str:
         host = self.args.host if self.args.host not in {"0.0.0.0", "::"} else "127.0.0.1"
-        return f"http://{host}:{self.port}"
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"  # IPv6 in brackets
 
     @property
     def served_model_name(self) -> str:
