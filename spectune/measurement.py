@@ -136,6 +136,23 @@ class WindowStats(BaseModel):
 
 
 
+class RequestSample(BaseModel):
+    """One request of the window, as the client saw it."""
+
+    prompt_id: str
+    ok: bool
+    error: str | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    text: str = ""
+    token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+
 class LevelStats(BaseModel):
     """One level of a sweep (``workload.concurrency_levels`` or ``request_rate_levels``), on the
     trial's engine: its own prompts (disjoint from every other level's), its own counters."""
@@ -160,6 +177,10 @@ class LevelStats(BaseModel):
     mean_in_flight: float | None = Field(
         default=None, description="Requests in flight on average while any was (their summed latency over the "
         "time the engine had work; None in a measurement stored before levels kept it).")
+    requests: list[RequestSample] = Field(
+        default_factory=list, description="The level's requests as the client saw them, without their texts and "
+        "token ids: what pairs the level's prompts between configurations (empty for the headline level, whose "
+        "requests are the measurement's, and in a measurement stored before levels kept them).")
 
     @property
     def key(self) -> float:
@@ -173,23 +194,6 @@ class LevelStats(BaseModel):
         if self.request_rate is None:
             return self.concurrency
         return max(1.0, self.mean_in_flight) if self.mean_in_flight is not None else self.concurrency
-
-
-
-class RequestSample(BaseModel):
-    """One request of the window, as the client saw it."""
-
-    prompt_id: str
-    ok: bool
-    error: str | None = None
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    text: str = ""
-    token_ids: list[int] | None = None
-    prompt_token_ids: list[int] | None = None
 
 
 
@@ -303,13 +307,18 @@ class Objective(str, Enum):
         """This objective in each repeat of the window (for its noise)."""
         return [v for w in m.windows if (v := getattr(w, self.value)) is not None]
 
-    def request_values(self, m: Measurement) -> dict[str, float]:
+    def request_values(self, m: Measurement, level: float | None = None) -> dict[str, float]:
         """Each answered prompt's own figure for this objective, by prompt id (positive values
         only): its output tokens per second of its request's end-to-end latency for throughput,
         else its request's TPOT, TTFT or end-to-end latency. Candidates of one study answer the
-        same prompts, so these pair up (:func:`spectune.results.paired_band`)."""
+        same prompts, so these pair up (:func:`spectune.results.paired_band`). ``level``: the
+        requests of that level of a sweep (by key; default and the headline's: the windows')."""
+        requests = m.requests
+        if level is not None and level != m.headline:
+            lv = m.level_at(level)
+            requests = lv.requests if lv is not None else []
         out: dict[str, float] = {}
-        for r in m.requests:
+        for r in requests:
             if not r.ok:
                 continue
             if self is Objective.OUTPUT_THROUGHPUT:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from spectune.measurement import Measurement
 
 __all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "Engines", "LevelRow", "StudyView", "TrialRow", "edge_notes", "engine_spread", "engine_spread_note",
-           "open_study", "paired_band", "pooled_spread", "prediction_errors_note", "speedup"]
+           "open_study", "paired_band", "paired_gap_error", "pooled_spread", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -176,25 +176,49 @@ def paired_band(a: Sequence[Measurement], b: Sequence[Measurement], objective: O
     Paired per prompt: each prompt's log ratio of ``a`` to ``b`` (its per-request figure,
     :meth:`Objective.request_values`, averaged over each one's engines), whose spread over the
     prompts says how far the gap on the prompts not sampled may lie from the gap on these (its
-    standard error); how much one prompt is faster than another cancels out. On top, the engine
-    starts: each configuration's mean over its engines is off by ``spread`` / sqrt(engines)
+    standard error); how much one prompt is faster than another cancels out. Over a load mix
+    whose levels kept their requests, each level's gap on its own prompts, weighted as the
+    objective weighs them (:func:`paired_gap_error`). On top, the engine starts: each
+    configuration's mean over its engines is off by ``spread`` / sqrt(engines)
     (:data:`PRIOR_ENGINE_SPREAD` until measured). None when fewer than 3 prompts pair up."""
-    def per_prompt(ms: Sequence[Measurement]) -> dict[str, float]:
+    found = paired_gap_error(a, b, objective)
+    if found is None:
+        return None
+    s = spread if spread is not None else PRIOR_ENGINE_SPREAD
+    return BAND_Z * math.sqrt(found[0] ** 2 + s ** 2 / max(n_a, 1) + s ** 2 / max(n_b, 1))
+
+
+def paired_gap_error(a: Sequence[Measurement], b: Sequence[Measurement],
+                     objective: Objective) -> tuple[float, bool] | None:
+    """The standard error of the mean log gap per prompt between ``a`` and ``b``, and whether it
+    covers a load mix: over a mix whose every weighted level kept its requests, the levels'
+    errors weighted as :meth:`Objective.of` weighs their values (the whole's log is
+    ``sum w_k log v_k``, each level on prompts of its own: ``sqrt(sum (w_k se_k)^2)``), else the
+    headline level's. None when fewer than 3 prompts pair up at the headline level."""
+    def per_prompt(ms: Sequence[Measurement], level: float | None) -> dict[str, float]:
         logs: dict[str, list[float]] = {}
         for m in ms:
-            for pid, v in objective.request_values(m).items():
+            for pid, v in objective.request_values(m, level).items():
                 logs.setdefault(pid, []).append(math.log(v))
         return {pid: statistics.fmean(v) for pid, v in logs.items() if len(v) == len(ms)}
 
+    def error(level: float | None) -> float | None:
+        pa, pb = per_prompt(a, level), per_prompt(b, level)
+        gaps = [pa[pid] - pb[pid] for pid in pa.keys() & pb.keys()]
+        return statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) >= 3 else None
+
     if not a or not b:
         return None
-    pa, pb = per_prompt(a), per_prompt(b)
-    gaps = [pa[pid] - pb[pid] for pid in pa.keys() & pb.keys()]
-    if len(gaps) < 3:
+    head = error(None)
+    if head is None:
         return None
-    se = statistics.stdev(gaps) / math.sqrt(len(gaps))
-    s = spread if spread is not None else PRIOR_ENGINE_SPREAD
-    return BAND_Z * math.sqrt(se ** 2 + s ** 2 / max(n_a, 1) + s ** 2 / max(n_b, 1))
+    first = a[0]
+    if first.workload.is_mix and first.levels:
+        weights = first.workload.weights()
+        errors = {k: head if k == first.headline else error(k) for k, w in weights.items() if w > 0}
+        if all(e is not None for e in errors.values()):
+            return math.sqrt(math.fsum((weights[k] * e) ** 2 for k, e in errors.items() if e is not None)), True
+    return head, False
 
 
 def engine_spread_note(spread: float | None) -> str | None:
@@ -421,11 +445,12 @@ class StudyView:
         # choice, or the runner-up when the baseline is best)
         rival = best if best is not base else max((c for c in candidates if c is not base),
                                                   key=lambda c: sign * c.value, default=None)
-        paired = self.paired_band(rival, base, spread) if rival is not None else None
+        found = self.paired_band(rival, base, spread) if rival is not None else None
+        paired = found[0] if found is not None else None
         band = paired or best.noise + base.noise
         what = "paired band" if paired else "noise band"
-        if paired and self.is_mix():  # the requests kept are the headline level's
-            what = "paired band of the headline level"
+        if found is not None and self.is_mix():
+            what = "paired band over the load mix" if found[1] else "paired band of the headline level"
         gain = _finite(speedup(self.maximize, best.value, base.value))
         engines = (f", mean of {len(best.values)} engines" if len(best.values) > 1
                    else ", on one engine: no speculative configuration was confirmed feasible on a second"
@@ -451,9 +476,10 @@ class StudyView:
                                       f"within the {what} (+-{band:.1%}) of the baseline", gain is not None)
         return choice(best, False, f"{gain:.2f}x the baseline{engines} ({what} +-{band:.1%})")
 
-    def paired_band(self, a: Engines, b: Engines, spread: float | None) -> float | None:
-        """:func:`paired_band` of two configurations as measured in this study (None where their
-        requests do not pair up: imported trials, or fewer than 3 prompts)."""
+    def paired_band(self, a: Engines, b: Engines, spread: float | None) -> tuple[float, bool] | None:
+        """:func:`paired_band` of two configurations as measured in this study, and whether it
+        covers the load mix (:func:`paired_gap_error`); None where their requests do not pair up:
+        imported trials, or fewer than 3 prompts."""
         try:
             objective = Objective(self.objectives[0])
         except ValueError:  # a study of another tool's objective
@@ -463,8 +489,10 @@ class StudyView:
         def measured(c: Engines) -> list[Measurement]:
             return [m for n in c.numbers if (m := self.store.measurement(ids.get(n))) is not None]
 
-        return paired_band(measured(a), measured(b), objective, n_a=len(a.values),
-                           n_b=len(b.values), spread=spread)
+        ma, mb = measured(a), measured(b)
+        band = paired_band(ma, mb, objective, n_a=len(a.values), n_b=len(b.values), spread=spread)
+        found = paired_gap_error(ma, mb, objective)
+        return (band, found[1]) if band is not None and found is not None else None
 
     def levels(self, choice: Choice) -> list[LevelRow] | None:
         """The load mix level by level: ``choice`` and the best at each level against the

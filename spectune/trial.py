@@ -72,7 +72,9 @@ def level_stats(concurrency: int, result: LoadResult, acceptance: AcceptanceStat
                       tpot_median_ms=w.tpot_median_ms, ttft_median_ms=w.ttft_median_ms, acceptance=acceptance,
                       tpot_p99_ms=w.tpot_p99_ms, ttft_p99_ms=w.ttft_p99_ms, e2el_median_ms=w.e2el_median_ms,
                       e2el_p99_ms=w.e2el_p99_ms, engine_timing=engine_timing, request_rate=request_rate,
-                      mean_in_flight=mean_in_flight([result]))
+                      mean_in_flight=mean_in_flight([result]),
+                      requests=[request_sample(r).model_copy(update={"text": "", "token_ids": None, "prompt_token_ids": None})
+                                for r in result.records])
 
 
 def mean_in_flight(results: Sequence[LoadResult]) -> float | None:

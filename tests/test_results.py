@@ -9,7 +9,7 @@ import pytest
 
 from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
 from spectune.load import LoadResult, RequestRecord
-from spectune.measurement import SLO, Objective
+from spectune.measurement import SLO, Measurement, Objective
 from spectune.results import StudyView, pooled_spread
 from spectune.storage import MeasurementStore
 from spectune.trial import summarize
@@ -220,3 +220,41 @@ def test_when_nothing_beats_the_baseline_its_band_is_that_of_the_gap_to_the_runn
     assert choice.is_baseline and "no speculative configuration measured better" in choice.reason
     assert choice.band_kind == "paired band"
     assert choice.noise_band == pytest.approx(BAND_Z * PRIOR_ENGINE_SPREAD * 2 ** 0.5, rel=0.01)
+
+
+def test_over_a_load_mix_the_band_pairs_each_levels_own_prompts_weighted() -> None:
+    import math
+    import statistics
+
+    from spectune.results import paired_gap_error
+    from spectune.trial import level_stats
+
+    mix = WorkloadSpec(source="x", concurrency_levels=[1, 4], level_weights=[3, 1])
+
+    def measured(head: list[float], busy: list[float], kept: bool = True) -> Measurement:
+        m = _measurement([0.05] * len(head), head, 11)
+        records = [RequestRecord(prompt_id=f"b{i}", ok=True, ttft=0.05, e2el=e, output_tokens=11, prompt_tokens=5)
+                   for i, e in enumerate(busy)]
+        level = level_stats(4, LoadResult(records=records, duration=sum(busy), concurrency=4), None)
+        assert [r.text for r in level.requests] == [""] * len(busy)  # kept without texts and token ids
+        if not kept:  # stored before levels kept their requests
+            level = level.model_copy(update={"requests": []})
+        return m.model_copy(update={"workload": mix, "levels": [m.level_at(1), level]})
+
+    head = [1.0, 1.2, 1.1, 0.9, 0.3, 0.35]
+    busy = [2.0, 2.4, 1.8, 2.2, 2.6, 1.9]
+    gain_head = [1.5, 1.4, 1.6, 1.5, 1.45, 1.55]
+    gain_busy = [1.0, 1.3, 0.8, 1.1, 0.9, 1.2]  # the busy level's prompts disagree more
+    a = measured([e / g for e, g in zip(head, gain_head, strict=True)], [e / g for e, g in zip(busy, gain_busy, strict=True)])
+    b = measured(head, busy)
+    objective = Objective.OUTPUT_THROUGHPUT
+
+    def se(gains: list[float]) -> float:
+        return statistics.stdev(math.log(g) for g in gains) / math.sqrt(len(gains))
+
+    error, over_mix = paired_gap_error([a], [b], objective)  # type: ignore[misc]
+    assert over_mix and error == pytest.approx(math.hypot(0.75 * se(gain_head), 0.25 * se(gain_busy)))
+    old = measured(head, busy, kept=False)  # a level without its requests: the headline level's alone
+    assert paired_gap_error([a], [old], objective) == (pytest.approx(se(gain_head)), False)
+    single = [m.model_copy(update={"workload": WorkloadSpec(source="x"), "levels": []}) for m in (a, b)]
+    assert paired_gap_error(single[:1], single[1:], objective) == (pytest.approx(se(gain_head)), False)

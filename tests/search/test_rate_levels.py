@@ -193,6 +193,9 @@ def test_one_engine_measures_each_rate_on_its_own_prompts_and_counters(tiny_mode
     assert all(lv.mean_in_flight is not None and 1.0 <= lv.mean_in_flight <= 4.0 for lv in m.levels)
     assert all(lv.acceptance is not None and lv.acceptance.num_drafts > 0 for lv in m.levels)  # counters per level
     assert slow.acceptance == m.acceptance  # the headline's counters are the first rate's
+    # the level's own requests, for the band that pairs its prompts: without texts, and none of the headline's
+    assert len(fast.requests) == 6 and all(r.ok and r.text == "" and r.token_ids is None for r in fast.requests)
+    assert not {r.prompt_id for r in fast.requests} & {r.prompt_id for r in m.requests}
     values = Objective.TPOT_MEDIAN.of_levels(m)
     assert values is not None and sorted(values) == [1.0, 16.0]
     assert Measurement.model_validate_json(m.model_dump_json()).level_at(16.0) == fast  # stored and read back
