@@ -10,6 +10,7 @@ models): one trial measures two rates, each on its own prompts and counters.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -126,6 +127,17 @@ def test_a_grid_study_over_rates_weighs_each_rate_and_shows_it_by_name(rates: La
     limit = (tpots[0.5] + tpots[4.0]) / 2
     assert tpots[0.5] < limit < tpots[4.0]
     assert SLO(tpot_median_ms=limit).violations(base)["tpot_median_ms"] == pytest.approx(tpots[4.0] - limit)
+
+
+def test_a_mix_of_rates_on_throughput_is_warned_of(rates: Landscape, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from spectune.study import plan_study
+
+    for objectives, warned in ((["tpot_median_ms"], False), (["output_throughput"], True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="spectune"):
+            plan_study(rates.config(storage=f"sqlite:///{tmp_path / 's.db'}", objectives=objectives))
+        assert any("output throughput is the rate's" in r.getMessage() for r in caplog.records) is warned
 
 
 def test_predictions_and_the_schedule_place_each_rate_at_its_baseline_batch(rates: Landscape, tmp_path: Path) -> None:
