@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import statistics
 import sys
@@ -237,8 +238,35 @@ def table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def ceiling(record: dict[str, Any]) -> dict[str, Any] | None:
+    """What any schedule could gain over the best single static choice on the closed-loop levels:
+    the best static configuration at each level (an oracle that knows the batch) against the
+    static configuration best over all levels, each level weighted equally (geometric means of
+    mean throughputs). The schedule's own figure beside it. None without two static
+    configurations measured at every level."""
+    s = summary(record)
+    names = [f"c{c}" for c in _levels(record)]
+    static = {cfg: [statistics.fmean(cells[n]["throughput"]) for n in names] for cfg, cells in s.items()
+              if cfg != "schedule" and not cfg.endswith(" only") and all(n in cells for n in names)}
+    if len(static) < 2:
+        return None
+
+    def whole(values: list[float]) -> float:
+        return math.exp(statistics.fmean(math.log(v) for v in values))
+
+    best = max(static, key=lambda cfg: whole(static[cfg]))
+    oracle = whole([max(v[i] for v in static.values()) for i in range(len(names))])
+    out = {"best_static": best, "oracle_over_best_static": oracle / whole(static[best]),
+           "oracle_by_level": {n: max(static, key=lambda cfg, i=i: static[cfg][i]) for i, n in enumerate(names)}}
+    if "schedule" in s and all(n in s["schedule"] for n in names):
+        out["schedule_over_best_static"] = whole([statistics.fmean(s["schedule"][n]["throughput"]) for n in names]) \
+            / whole(static[best])
+    return out
+
+
 def _save(record: dict[str, Any], out: Path) -> None:
     record["summary"] = summary(record)
+    record["ceiling"] = ceiling(record)
     out.write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
@@ -261,7 +289,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUTPUT, help="the results file")
     args = parser.parse_args()
     if args.phase == "table":
-        print(table(json.loads(args.out.read_text())))
+        record = json.loads(args.out.read_text())
+        print(table(record))
+        print(json.dumps(ceiling(record), indent=1))
         return
     levels = tuple(int(c) for c in args.levels.split(","))
     unknown = sorted(set(levels) - set(PROMPTS))
