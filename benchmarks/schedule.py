@@ -248,6 +248,7 @@ def ceiling(record: dict[str, Any]) -> dict[str, Any] | None:
     names = [f"c{c}" for c in _levels(record)]
     static = {cfg: [statistics.fmean(cells[n]["throughput"]) for n in names] for cfg, cells in s.items()
               if cfg != "schedule" and not cfg.endswith(" only") and all(n in cells for n in names)}
+    static = {cfg: values for cfg, values in static.items() if min(values) > 0}  # a level that failed: no ratio
     if len(static) < 2:
         return None
 
@@ -258,7 +259,7 @@ def ceiling(record: dict[str, Any]) -> dict[str, Any] | None:
     oracle = whole([max(v[i] for v in static.values()) for i in range(len(names))])
     out = {"best_static": best, "oracle_over_best_static": oracle / whole(static[best]),
            "oracle_by_level": {n: max(static, key=lambda cfg, i=i: static[cfg][i]) for i, n in enumerate(names)}}
-    if "schedule" in s and all(n in s["schedule"] for n in names):
+    if "schedule" in s and all(n in s["schedule"] and min(s["schedule"][n]["throughput"]) > 0 for n in names):
         out["schedule_over_best_static"] = whole([statistics.fmean(s["schedule"][n]["throughput"]) for n in names]) \
             / whole(static[best])
     return out

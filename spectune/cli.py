@@ -161,20 +161,25 @@ def optimize(
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune.storage import resolve_storage_url, safe_url, worker_claim
-    from spectune.study import create_study, load_study_config, plan_study
+    from spectune.errors import ConfigError
+    from spectune.study import CLEAR, create_study, load_study_config, plan_study
     from spectune.worker import parse_gpus
 
     levels = _parse_list(concurrency, "--concurrency", int, "1,4,16") if concurrency is not None else None
     rates = _parse_list(request_rate, "--request-rate", float, "0.5,1,2") if request_rate is not None else None
     weights = _parse_list(level_weights, "--level-weights", float, "3,1,1") if level_weights is not None else None
+    if rates and levels and len(levels) > 1:
+        raise ConfigError("--concurrency: with --request-rate give one value, the most requests in flight")
+    mix = levels is not None and len(levels) > 1
     cfg = load_study_config(config, {
         "target": target, "draft": draft[0] if draft and len(draft) == 1 else draft or None, "space": space,
         "workload": workload,
+        # the options replace what the --config file says of the load: one concurrency is no mix
+        # (or the rates' cap), several are a mix of concurrencies, rates are a rate or a mix of rates
         "workload.concurrency": levels[0] if levels else None,
-        # one level: no mix, whatever the --config file says; beside rates, one concurrency is their cap
-        "workload.concurrency_levels": levels if not (rates and levels and len(levels) == 1) else None,
-        "workload.request_rate": rates[0] if rates else None,
-        "workload.request_rate_levels": rates,
+        "workload.concurrency_levels": levels if mix else CLEAR if levels or rates else None,
+        "workload.request_rate": rates[0] if rates else CLEAR if mix else None,
+        "workload.request_rate_levels": rates if rates and len(rates) > 1 else CLEAR if rates or mix else None,
         "workload.level_weights": weights,
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,

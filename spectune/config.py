@@ -453,6 +453,9 @@ class WorkloadSpec(StrictModel):
                 raise ValueError("request_rate_levels: every rate must be a finite number > 0")
             if len(set(self.request_rate_levels)) != len(self.request_rate_levels):
                 raise ValueError("request_rate_levels: rates must be distinct")
+            if self.concurrency == 1 and len(self.request_rate_levels) > 1:
+                raise ValueError("request_rate_levels: at concurrency 1 every rate runs one request at a time; give "
+                                 "concurrency, the most requests in flight (e.g. 16)")
             if self.request_rate not in self.request_rate_levels:
                 raise ValueError(f"request_rate {self.request_rate} is not one of request_rate_levels "
                                  f"{self.request_rate_levels}: the headline level must be one of them")

@@ -163,8 +163,14 @@ class StudyConfig(StrictModel):
         return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{target}-{workload}")
 
 
+CLEAR: Any = type("Clear", (), {"__repr__": lambda self: "CLEAR"})()
+"""An override that removes its key from the file's configuration (a command-line option that
+replaces another way of saying the same thing: ``--concurrency 8`` and a file's levels)."""
+
+
 def load_study_config(path: Path | None, overrides: dict[str, Any]) -> StudyConfig:
-    """A StudyConfig from a YAML file (optional) and CLI overrides (None values are ignored)."""
+    """A StudyConfig from a YAML file (optional) and CLI overrides (None values are ignored,
+    :data:`CLEAR` removes the key)."""
     data: dict[str, Any] = {}
     source = "study config"
     if path is not None:
@@ -182,7 +188,10 @@ def load_study_config(path: Path | None, overrides: dict[str, Any]) -> StudyConf
         elif "." in key:  # a key of a section: slo.max_memory
             section, name = key.split(".", 1)
             inner = data.get(section) or {}
-            data[section] = {**inner, name: value} if isinstance(inner, dict) else {name: value}
+            inner = inner if isinstance(inner, dict) else {}
+            data[section] = {k: v for k, v in inner.items() if k != name} if value is CLEAR else {**inner, name: value}
+        elif value is CLEAR:
+            data.pop(key, None)
         else:
             data[key] = value
     if "target" not in data:

@@ -102,7 +102,9 @@ def mean_over_engines(engines: Sequence[Measurement]) -> Measurement:
     levels = []
     for level in first.levels:
         same = [lv for m in engines if m.levels and (lv := m.level_at(level.key)) is not None]
-        levels.append(_mean_figures(same) if len(same) == len(engines) else level)
+        # the rate is the level's key: kept as it is, not averaged into a float that no longer matches
+        levels.append(_mean_figures(same).model_copy(update={"request_rate": level.request_rate})
+                      if len(same) == len(engines) else level)
     figures = _mean_figures(engines)
     return figures.model_copy(update={
         **{k: _mean_figures([getattr(m, k) for m in engines]) for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")},

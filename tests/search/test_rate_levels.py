@@ -79,7 +79,9 @@ def test_the_workload_takes_a_mix_of_rates_and_refuses_bad_ones_in_one_line(caps
                      ({"request_rate_levels": [1, 2], "concurrency_levels": [1, 4]}, "not both"),
                      ({"request_rate_levels": [1, 2], "level_weights": [1]}, "one weight per level")):
         with pytest.raises(ValueError, match=why):
-            WorkloadSpec(source="x.jsonl", **bad)
+            WorkloadSpec(source="x.jsonl", concurrency=8, **bad)
+    with pytest.raises(ValueError, match="at concurrency 1 every rate runs one request at a time"):
+        WorkloadSpec(source="x.jsonl", request_rate_levels=[1, 2])  # the default cap: no batch to tell rates apart
     for argv in (["--request-rate", "1,fast"], ["--request-rate", "1,1"], ["--request-rate", "1,2", "--concurrency", "1,4"]):
         with pytest.raises(SystemExit) as e:
             main(["optimize", "--target", "t", "--workload", "humaneval", *argv])
@@ -87,9 +89,33 @@ def test_the_workload_takes_a_mix_of_rates_and_refuses_bad_ones_in_one_line(caps
         assert e.value.code == 2 and len(err.splitlines()) == 1, err
 
 
+def test_the_command_line_load_replaces_the_files(tiny_models, tmp_path: Path) -> None:  # noqa: ANN001
+    """--request-rate and --concurrency say the whole load: a file's other way of saying it goes."""
+    import yaml
+
+    from spectune.records import StudyRecord
+
+    (tmp_path / "space.yaml").write_text("methods:\n  none: {}\n")
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({
+        "target": str(tiny_models.target), "space": str(tmp_path / "space.yaml"),
+        "workload": {"source": "humaneval", "num_prompts": 8, "concurrency_levels": [1, 4]}}))
+    for n, argv, expected in (
+            (0, ["--request-rate", "1,2", "--concurrency", "8"],
+             {"concurrency": 8, "request_rate": 1.0, "request_rate_levels": [1.0, 2.0], "concurrency_levels": None}),
+            (1, ["--concurrency", "4"], {"concurrency": 4, "concurrency_levels": None, "request_rate": None}),
+            (2, ["--request-rate", "2"], {"concurrency": 1, "request_rate": 2.0, "concurrency_levels": None})):
+        with pytest.raises(SystemExit) as e:
+            main(["optimize", "--config", str(tmp_path / "study.yaml"), "--storage", f"sqlite:///{tmp_path / 's.db'}",
+                  "--study", f"s{n}", "--create-only", *argv])
+        assert e.value.code == 0
+        stored = StudyRecord.of(open_study(f"sqlite:///{tmp_path / 's.db'}", f"s{n}").study).spectune_config
+        assert {k: stored["workload"].get(k) for k in expected} == expected
+
+
 def test_each_rate_gets_prompts_of_its_own_and_the_mean_in_flight_leaves_idle_time_out() -> None:
     prompts = [Prompt(id=f"p{i}", text=str(i)) for i in range(9)]
-    windows, sweep = plan_windows(prompts, WorkloadSpec(source="x.jsonl", request_rate_levels=[1, 4, 16]), repeats=1)
+    windows, sweep = plan_windows(prompts, WorkloadSpec(source="x.jsonl", request_rate_levels=[1, 4, 16], concurrency=8),
+                                   repeats=1)
     assert list(sweep) == [4.0, 16.0] and [len(w) for w in [*windows, *sweep.values()]] == [3, 3, 3]
     # a rate needs no more prompts than it has: a closed level of 16 would refuse three
     with pytest.raises(ConfigError, match="level 16 needs at least 16"):
@@ -157,6 +183,14 @@ def test_predictions_and_the_schedule_place_each_rate_at_its_baseline_batch(rate
     same = fit_concurrency(by_label["none"], [by_label[m.spec.label()] for m in inputs.measured])
     assert same is not None and (model.step.a, model.step.slope) == pytest.approx((same.step.a, same.step.slope))
     assert model.rho == same.rho
+    # three engines of the baseline: their mean keeps each rate as its key (an averaged 0.1 would not be 0.1)
+    from spectune.predict._measured import mean_over_engines
+
+    base = inputs.baseline
+    odd = base.model_copy(update={"levels": [lv.model_copy(update={"request_rate": 0.1 if lv.key == 4.0 else lv.key})
+                                             for lv in base.levels],
+                                  "workload": base.workload.model_copy(update={"request_rate_levels": [0.5, 1.0, 2.0, 0.1]})})
+    assert [lv.key for lv in mean_over_engines([odd, odd, odd]).levels] == [lv.key for lv in odd.levels]
 
     predicted = inputs.predict()
     assert predicted, "candidates left to predict"
