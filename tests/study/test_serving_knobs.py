@@ -19,7 +19,7 @@ KNOB_SPACE = """
 methods:
   none: {}
   ngram:
-    num_speculative_tokens: [1, 3]
+    num_speculative_tokens: 3
     prompt_lookup_max: 3
     prompt_lookup_min: 1
 engine:
@@ -29,9 +29,9 @@ engine:
 
 @pytest.fixture(scope="module")
 def knob_study(tiny_models, repetitive_prompts: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    """Every pair of (none, n-gram k=1, k=3) and max_num_seqs (1, 4), four requests at a time."""
+    """Every pair of (none, n-gram k=3) and max_num_seqs (1, 4), four requests at a time."""
     tmp = tmp_path_factory.mktemp("knobs")
-    cfg = study_config(tmp, tiny_models.target, repetitive_prompts, KNOB_SPACE, "knobs", trials=6,
+    cfg = study_config(tmp, tiny_models.target, repetitive_prompts, KNOB_SPACE, "knobs", trials=4,
                        workload={"source": str(repetitive_prompts), "num_prompts": 8, "concurrency": 4,
                                  "sampling": {"max_tokens": 32, "temperature": 0.0}})
     run_study(cfg)
@@ -43,16 +43,16 @@ def test_each_pair_of_speculation_and_max_num_seqs_is_measured_with_its_engine_k
     view = open_study(cfg.storage, "knobs")
     done = [r for r in view.rows if r.state == "COMPLETE"]
     assert sorted((r.spec.get("num_speculative_tokens", 0), r.engine["max_num_seqs"]) for r in done) == [
-        (0, 1), (0, 4), (1, 1), (1, 4), (3, 1), (3, 4)]
+        (0, 1), (0, 4), (3, 1), (3, 4)]
     for r in done:
         m = view.store.measurement(r.trial_id)
         assert m is not None and m.engine.max_num_seqs == r.engine["max_num_seqs"]  # the engine it ran
         assert m.kv_cache_tokens and m.kv_cache_tokens == done[0].kv_cache_tokens  # vllm:cache_config_info
         assert m.memory_kind == "host_rss" and m.peak_memory_bytes and r.memory.endswith(" host")
     throughput = {(r.spec.get("num_speculative_tokens", 0), r.engine["max_num_seqs"]): r.values[0] for r in done}
-    # four requests, one batched at a time: slower, over the three speculative settings (one pair of
+    # four requests, one batched at a time: slower, over both speculative settings (one pair of
     # engine starts can differ by 10-17 % on 2 shared cores, more than batching gains there)
-    assert sum(throughput[(k, 1)] for k in (0, 1, 3)) < sum(throughput[(k, 4)] for k in (0, 1, 3))
+    assert sum(throughput[(k, 1)] for k in (0, 3)) < sum(throughput[(k, 4)] for k in (0, 3))
 
 
 def test_the_export_carries_both_and_vllms_own_parser_reads_it(knob_study, tmp_path: Path) -> None:
