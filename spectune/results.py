@@ -182,10 +182,13 @@ def paired_band(a: Sequence[Measurement], b: Sequence[Measurement], objective: O
     configuration's mean over its engines is off by ``spread`` / sqrt(engines)
     (:data:`PRIOR_ENGINE_SPREAD` until measured). None when fewer than 3 prompts pair up."""
     found = paired_gap_error(a, b, objective)
-    if found is None:
-        return None
+    return _band(found[0], n_a, n_b, spread) if found is not None else None
+
+
+def _band(error: float, n_a: int, n_b: int, spread: float | None) -> float:
+    """The band's half-width from the paired gap's standard error and the engine starts'."""
     s = spread if spread is not None else PRIOR_ENGINE_SPREAD
-    return BAND_Z * math.sqrt(found[0] ** 2 + s ** 2 / max(n_a, 1) + s ** 2 / max(n_b, 1))
+    return BAND_Z * math.sqrt(error ** 2 + s ** 2 / max(n_a, 1) + s ** 2 / max(n_b, 1))
 
 
 def paired_gap_error(a: Sequence[Measurement], b: Sequence[Measurement],
@@ -489,10 +492,8 @@ class StudyView:
         def measured(c: Engines) -> list[Measurement]:
             return [m for n in c.numbers if (m := self.store.measurement(ids.get(n))) is not None]
 
-        ma, mb = measured(a), measured(b)
-        band = paired_band(ma, mb, objective, n_a=len(a.values), n_b=len(b.values), spread=spread)
-        found = paired_gap_error(ma, mb, objective)
-        return (band, found[1]) if band is not None and found is not None else None
+        found = paired_gap_error(measured(a), measured(b), objective)
+        return (_band(found[0], len(a.values), len(b.values), spread), found[1]) if found is not None else None
 
     def levels(self, choice: Choice) -> list[LevelRow] | None:
         """The load mix level by level: ``choice`` and the best at each level against the

@@ -186,7 +186,7 @@ def render_html(view: StudyView) -> str:
         if (stopped := stop_note(view)) is not None:
             parts.append(f"<p id='stop'>{e(stopped)}</p>")
         parts.extend(f"<p class='edge'>{e(note)}</p>" for note in edge_notes(view))
-        if (mix := level_rows(view)) is not None:
+        if (mix := level_rows(view, ctx.choice)) is not None:
             parts.append(f"<h3>At each level of the load mix ({e(view.objectives[0])})</h3><table id='levels'><tr>"
                          + "".join(f"<th>{e(h)}</th>" for h in mix[0]) + "</tr>"
                          + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in mix[1])
@@ -239,7 +239,7 @@ def render_markdown(view: StudyView) -> str:
             lines += [stopped, ""]
         for note in edge_notes(view):
             lines += [note, ""]
-        lines += level_markdown(view)
+        lines += level_markdown(view, ctx.choice)
         if ctx.yaml is not None:
             lines += ["```yaml", ctx.yaml.rstrip(), "```", ""]
     header = _trial_header(view)

@@ -66,9 +66,8 @@ def study_note(view: StudyView) -> str:
     base = ", ".join(f"{o} = {fmt(v)}" for o, v in zip(view.objectives, choice.baseline.values or [], strict=False))
     several = len(choice.engines) > 1 or len(choice.baseline_engines) > 1
     first = " (first engine)" if several else ""
-    lines += [f"- measured{first}: {values}", f"- baseline (trial {choice.baseline.number}){first}: {base}"]
-    if view.is_mix():
-        lines[-2] += " over the load mix"
+    whole = " over the load mix" if view.is_mix() else ""
+    lines += [f"- measured{first}: {values}{whole}", f"- baseline (trial {choice.baseline.number}){first}: {base}"]
     if several:
         lines.append(f"- {view.objectives[0]} on each engine: {', '.join(fmt(v) for v in choice.engines)} "
                      f"(baseline: {', '.join(fmt(v) for v in choice.baseline_engines)})")
@@ -77,7 +76,7 @@ def study_note(view: StudyView) -> str:
         if choice.band_kind.startswith("paired band") else ""))
     if (spread := engine_spread_note(choice.engine_spread)) is not None:
         lines.append(f"- {spread}")
-    lines += ["", *level_markdown(view)]
+    lines += ["", *level_markdown(view, choice)]
     text = best_config_yaml(view, choice)
     if text is not None:
         lines += ["`vllm serve --config best.yaml` with this `best.yaml` "
@@ -89,10 +88,11 @@ def study_note(view: StudyView) -> str:
     return "\n".join(lines) + "\n"
 
 
-def level_markdown(view: StudyView) -> list[str]:
+def level_markdown(view: StudyView, choice: Choice | None = None) -> list[str]:
     """The load mix level by level as a Markdown table, with its title and a blank line after
-    (the report's Markdown and the dashboard's note); empty when the study measures no mix."""
-    mix = level_rows(view)
+    (the report's Markdown and the dashboard's note); empty when the study measures no mix.
+    ``choice``: the study's, where the caller has decided it already."""
+    mix = level_rows(view, choice)
     if mix is None:
         return []
     header, rows = mix
@@ -105,12 +105,12 @@ def md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def level_rows(view: StudyView) -> tuple[list[str], list[list[str]]] | None:
+def level_rows(view: StudyView, choice: Choice | None = None) -> tuple[list[str], list[list[str]]] | None:
     """The load mix level by level (:meth:`StudyView.levels`) as a header and rows of text, for
     ``show`` and the report (the first objective's values); None when the study measures no mix
-    or has no choice yet."""
+    or has no choice yet. ``choice``: the study's, where the caller has decided it already."""
     try:
-        levels = view.levels(view.best())
+        levels = view.levels(choice or view.best())
     except ConfigError:
         return None
     if not levels:
