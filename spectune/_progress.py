@@ -32,7 +32,8 @@ __all__ = ["PhaseProgress", "StudyProgress", "clock", "phase_progress", "render_
 NARROW = 100
 """Terminals narrower than this get candidates' short labels (:func:`spectune._tables.short_label`)."""
 
-TRIAL_PHASES = {"start": "starting engine", "warmup": "warming up", "measure": "measuring {total} requests"}
+TRIAL_PHASES = {"start": "starting engine", "warmup": "warming up", "measure": "measuring {total} requests",
+                "margins": "asking {total} answers again with log-probabilities (untimed)"}
 """What a trial's phases (:data:`spectune.trial.TrialHook`) are called on screen."""
 
 

@@ -4,7 +4,9 @@ Each request is streamed; the client takes timestamps itself (time to first toke
 between chunks, end-to-end latency) and reads token counts from the ``usage`` the server
 sends at the end of the stream, never from counting chunks. vLLM's ``return_token_ids``
 extension is requested too, so the generated token ids are recorded (offline replay of
-model-free proposers uses them); servers that ignore it are measured all the same.
+model-free proposers uses them); servers that ignore it are measured all the same. With
+``logprobs``, each output position's margin between its two most likely tokens is kept too
+(:attr:`RequestRecord.margins`): what tells a rounding difference from a changed answer.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +50,9 @@ class RequestRecord:
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
     finish_reason: str | None = None
+    margins: list[float | None] | None = None
+    """With ``logprobs``: at each output position, the log-probability of its most likely token
+    less that of the second (None where the server gave fewer than two)."""
 
     @property
     def tpot(self) -> float | None:
@@ -73,7 +79,8 @@ class LoadResult:
         return [r for r in self.records if not r.ok]
 
 
-def _request_body(prompt: Prompt, model: str, workload: WorkloadSpec) -> tuple[str, dict[str, Any]]:
+def _request_body(prompt: Prompt, model: str, workload: WorkloadSpec,
+                  logprobs: int | None = None) -> tuple[str, dict[str, Any]]:
     s = workload.sampling
     body: dict[str, Any] = {
         "model": model,
@@ -90,12 +97,32 @@ def _request_body(prompt: Prompt, model: str, workload: WorkloadSpec) -> tuple[s
         body["ignore_eos"] = True
     if s.stop:
         body["stop"] = s.stop
+    if logprobs:  # tokens named by id: two tokens that decode alike stay two entries
+        body["return_tokens_as_token_ids"] = True
     if workload.api == "chat":
         messages = [m.model_dump() for m in prompt.messages] if prompt.messages else [
             {"role": "user", "content": prompt.as_text()}
         ]
+        if logprobs:
+            body.update(logprobs=True, top_logprobs=logprobs)
         return "/v1/chat/completions", {**body, "messages": messages}
+    if logprobs:
+        body["logprobs"] = logprobs
     return "/v1/completions", {**body, "prompt": prompt.as_text()}
+
+
+def _margin(values: list[float]) -> float | None:
+    top = sorted((v for v in values if v is not None and math.isfinite(v)), reverse=True)
+    return round(top[0] - top[1], 6) if len(top) >= 2 else None
+
+
+def _chunk_margins(choice: dict[str, Any]) -> list[float | None]:
+    """The margins of the positions a stream chunk's choice carries (completions: a mapping of
+    token to log-probability per position; chat: a list of entries per position)."""
+    lp = choice.get("logprobs") or {}
+    if "content" in lp:
+        return [_margin([t.get("logprob") for t in e.get("top_logprobs") or []]) for e in lp.get("content") or []]
+    return [_margin(list((top or {}).values())) for top in lp.get("top_logprobs") or []]
 
 
 def _chunk_text(choice: dict[str, Any]) -> str:
@@ -105,14 +132,16 @@ def _chunk_text(choice: dict[str, Any]) -> str:
 
 
 async def _one_request(
-    session: aiohttp.ClientSession, base_url: str, model: str, prompt: Prompt, workload: WorkloadSpec
+    session: aiohttp.ClientSession, base_url: str, model: str, prompt: Prompt, workload: WorkloadSpec,
+    logprobs: int | None = None,
 ) -> RequestRecord:
-    path, body = _request_body(prompt, model, workload)
+    path, body = _request_body(prompt, model, workload, logprobs)
     rec = RequestRecord(prompt_id=prompt.id)
     rec.start = t0 = time.perf_counter()
     last = t0
     texts: list[str] = []
     token_ids: list[int] = []
+    margins: list[float | None] = []
     got_ids = False
     try:
         async with session.post(base_url + path, json=body) as resp:
@@ -141,6 +170,8 @@ async def _one_request(
                     if ids:
                         got_ids = True
                         token_ids.extend(ids)
+                    if logprobs:
+                        margins.extend(_chunk_margins(choice))
                     if piece or ids:
                         now = time.perf_counter()
                         if rec.ttft is None:
@@ -154,6 +185,7 @@ async def _one_request(
         rec.e2el = time.perf_counter() - t0
         rec.text = "".join(texts)
         rec.token_ids = token_ids if got_ids else None
+        rec.margins = margins if logprobs else None
         if rec.output_tokens is None:
             rec.error = "the server sent no usage"
         else:
@@ -182,7 +214,7 @@ def arrival_offsets(n: int, rate: float | None, seed: int = 0, burstiness: float
 
 async def _run(
     base_url: str, model: str, prompts: Sequence[Prompt], workload: WorkloadSpec,
-    concurrency: int, progress: ProgressHook | None, api_key: str | None,
+    concurrency: int, progress: ProgressHook | None, api_key: str | None, logprobs: int | None = None,
 ) -> LoadResult:
     timeout = aiohttp.ClientTimeout(total=workload.request_timeout, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -198,7 +230,7 @@ async def _run(
             if at > 0:  # a Poisson arrival: wait for its time, then for a free slot under the cap
                 await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
             async with sem:
-                rec = await _one_request(session, base_url, model, p, workload)
+                rec = await _one_request(session, base_url, model, p, workload, logprobs)
             done += 1
             if progress is not None:
                 progress(done, len(prompts))
@@ -222,6 +254,7 @@ def run_load(
     progress: ProgressHook | None = None,
     timeout: float | None = None,
     api_key: str | None = None,
+    logprobs: int | None = None,
 ) -> LoadResult:
     """Send ``prompts`` with at most ``concurrency`` in flight, all at once or, with the
     workload's ``request_rate``, as Poisson arrivals (:func:`arrival_offsets`); return what the
@@ -231,8 +264,10 @@ def run_load(
     whether the window is usable. ``timeout`` bounds the whole window and raises
     ``TimeoutError`` (each request is bounded by ``workload.request_timeout`` as well).
     ``api_key``: sent as ``Authorization: Bearer``, as the server asks (:attr:`EngineServer.api_key
-    <spectune.engines.EngineServer.api_key>`).
+    <spectune.engines.EngineServer.api_key>`). ``logprobs``: ask for that many most likely tokens
+    at each position and keep their margins (:attr:`RequestRecord.margins`); it slows the engine,
+    so a timed window never asks.
     """
     c = concurrency or workload.concurrency
-    run = _run(base_url.rstrip("/"), model, prompts, workload, c, progress, api_key)
+    run = _run(base_url.rstrip("/"), model, prompts, workload, c, progress, api_key, logprobs)
     return asyncio.run(asyncio.wait_for(run, timeout) if timeout else run)

@@ -28,12 +28,14 @@ __all__ = [
     "NOISE_FLOOR",
     "SLO",
     "AcceptanceStats",
+    "AnswerMargins",
     "EngineTimingStats",
     "Hardware",
     "LatencyStats",
     "LevelStats",
     "Measurement",
     "Objective",
+    "PromptMargins",
     "RequestSample",
     "Versions",
     "WindowStats",
@@ -153,6 +155,25 @@ class RequestSample(BaseModel):
 
 
 
+class PromptMargins(BaseModel):
+    """One prompt's answer as the baseline gave it with log-probabilities (:class:`AnswerMargins`)."""
+
+    token_ids: list[int]
+    margins: list[float | None] = Field(description="At each output position, the log-probability of its most "
+                                        "likely token less that of the second (None: not given).")
+
+
+class AnswerMargins(BaseModel):
+    """The baseline's answers again, asked with log-probabilities after its timed windows (so
+    that no timed figure carries their cost): how close the baseline's own choice was at each
+    position, which tells a rounding difference from a changed answer
+    (:func:`spectune.answers.compare`)."""
+
+    seconds: float = Field(description="What asking cost: the pass's wall time on the engine.")
+    window_seconds: float = Field(description="The timed windows' wall time on the same prompts, to set it against.")
+    requests: dict[str, PromptMargins] = Field(description="By prompt id; a prompt whose request failed is absent.")
+
+
 class LevelStats(BaseModel):
     """One level of a sweep (``workload.concurrency_levels`` or ``request_rate_levels``), on the
     trial's engine: its own prompts (disjoint from every other level's), its own counters."""
@@ -248,6 +269,8 @@ class Measurement(BaseModel):
     mean_in_flight: float | None = Field(
         default=None, description="Requests in flight on average over the windows while any was (None in a "
         "measurement stored before it was kept).")
+    answer_margins: AnswerMargins | None = Field(
+        default=None, description="A baseline at temperature 0: its answers' margins, asked after the windows.")
 
     @property
     def bursty_delivery(self) -> bool | None:

@@ -28,10 +28,12 @@ from spectune.errors import (
 from spectune.load import LoadResult, RequestRecord, run_load
 from spectune.measurement import (
     AcceptanceStats,
+    AnswerMargins,
     EngineTimingStats,
     LatencyStats,
     LevelStats,
     Measurement,
+    PromptMargins,
     RequestSample,
     WindowStats,
 )
@@ -43,7 +45,8 @@ _logger = logging.getLogger(__name__)
 
 TrialHook = ProgressHook
 """A trial's progress (:data:`~spectune._util.ProgressHook`): its phases are "start" (the engine
-starting, open-ended), "warmup" and "measure" (requests, counted)."""
+starting, open-ended), "warmup", "measure" and, for a baseline at temperature 0, "margins"
+(requests, counted)."""
 
 
 def window_stats(result: LoadResult) -> WindowStats:
@@ -223,6 +226,8 @@ def measure(
             headline = m.level_at(m.headline)
             assert headline is not None
             m.levels = sorted([headline, *levels], key=lambda lv: lv.key)
+        if spec.is_baseline and workload.sampling.temperature == 0:
+            m.answer_margins = run.margins([p for w in windows for p in w], m.duration_seconds)
         return m
 
 
@@ -275,6 +280,27 @@ class _Run:
                 log_tail=self.server.log_tail(), log_path=str(self.server.log_path),
             )
         return results, fetch_counters(self.server.base_url) - before
+
+    def margins(self, prompts: Sequence[Prompt], window_seconds: float) -> AnswerMargins | None:
+        """The headline prompts again with their two most likely tokens at each position, after
+        the counters were read: untimed (:class:`~spectune.measurement.AnswerMargins`). None, with
+        a warning, where no request answered; the measurement stands either way."""
+        self.hook("margins", 0, len(prompts))
+        t0 = time.perf_counter()
+        try:
+            res = run_load(self.server.base_url, self.model, prompts, self.workload, concurrency=self.workload.concurrency,
+                           progress=lambda d, t: self.hook("margins", d, t), timeout=self.timeout,
+                           api_key=self.server.api_key, logprobs=2)
+        except TimeoutError:
+            res = None
+        answered = {r.prompt_id: PromptMargins(token_ids=r.token_ids, margins=r.margins)
+                    for r in (res.records if res else []) if r.ok and r.token_ids is not None and r.margins is not None}
+        if not answered:
+            first = res.records[0].error if res and res.records else f"timed out after {self.timeout} s"
+            _logger.warning("the baseline's answers were not asked again with log-probabilities (%s): its answers' "
+                            "differences will be unclassified", first)
+            return None
+        return AnswerMargins(seconds=time.perf_counter() - t0, window_seconds=window_seconds, requests=answered)
 
     def sweep(self, sweep: dict[float, list[Prompt]]) -> list[LevelStats]:
         """Each other level of a sweep (a concurrency, or a request rate), on prompts and counters
