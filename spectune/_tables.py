@@ -109,16 +109,26 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
 
     from spectune.records import StudyRecord
     from spectune.report import level_rows
-    from spectune.results import edge_notes, engine_spread, engine_spread_note, prediction_errors_note, stop_note
+    from spectune.errors import ConfigError
+    from spectune.results import (
+        answers_line,
+        edge_notes,
+        engine_spread,
+        engine_spread_note,
+        prediction_errors_note,
+        stop_note,
+    )
 
     console = console or Console()
     guided = any(r.predicted is not None for r in view.rows)
+    checked = any(r.fidelity is not None for r in view.rows)
     columns = [Column("#", justify="right"), Column("state", short_cells=short_state),
                Column("config", short_cells=short_label),
                *(Column(o, _OBJECTIVE.get(o, o), justify="right") for o in view.objectives),
                *([Column("predicted", "pred", drop=2, justify="right")] if guided else []),
                Column("speedup", justify="right"), Column("acceptance", "accept", drop=1, justify="right"),
                Column("accept len", "len", drop=3, justify="right"),
+               *([Column("answers", "same", drop=4, justify="right")] if checked else []),
                *([Column("memory", "mem", drop=4, justify="right")] if any(r.peak_memory_bytes for r in view.rows) else []),
                Column("note", drop=6),
                *([Column("ran on", drop=5)] if view.placed else [])]
@@ -130,6 +140,7 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
                      *([_fmt(r.predicted, ".4g")] if guided else []),
                      _fmt(r.speedup, ".3f") + ("x" if r.speedup else ""), _fmt(r.acceptance_rate, ".3f"),
                      _fmt(r.mean_acceptance_length, ".2f"),
+                     *([a.label if (a := r.answers) is not None else "-"] if checked else []),
                      *([r.memory] if any(x.peak_memory_bytes for x in view.rows) else []), escape(r.note),
                      *([escape(r.placement or "-")] if view.placed else [])])
     title = f"study {escape(view.name)} ({', '.join(f'{o} {d}' for o, d in zip(view.objectives, view.directions, strict=False))})"
@@ -157,6 +168,12 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
         console.print(escape(note))
     if (spread := engine_spread_note(engine_spread(view.engines()))) is not None:
         console.print(spread)
+    try:
+        choice = view.best()
+    except ConfigError:
+        choice = None
+    if (answers := answers_line(view, choice)) is not None:
+        console.print(escape(answers))
     if (mix := level_rows(view)) is not None:  # a load mix: the choice at each level
         header, cells = mix
         table, _ = fitted_table(console, f"the choice at each level of the load mix ({view.objectives[0]})",

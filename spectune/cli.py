@@ -158,6 +158,7 @@ def optimize(
     request_rate: Annotated[Optional[str], typer.Option(help="Requests per second as Poisson arrivals: 2, or a load mix 0.5,1,2 whose levels each trial measures on its engine (the objective weighs them).")] = None,
     level_weights: Annotated[Optional[str], typer.Option(help="How much each level of --concurrency or --request-rate counts: 3,1,1 (default: equal; e.g. the share of the day at each load).")] = None,
     no_extend: Annotated[bool, typer.Option("--no-extend", help="Keep to the space's ranges: where the pick sits on an edge, guided search predicts and reports what lies beyond but does not measure it.")] = False,
+    answers: Annotated[Optional[str], typer.Option(help="Which answers, held against the baseline's at temperature 0, rule a configuration out: rounding (default: near-ties of the baseline may flip, no other answer may change), identical, or off.")] = None,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
     from spectune.storage import resolve_storage_url, safe_url, worker_claim
@@ -184,7 +185,7 @@ def optimize(
         "objectives": objective or None, "trials": trials, "storage": storage,
         "study_name": study, "seed": seed, "sampler": sampler, "confirm": confirm, "time_budget": time_budget,
         "tolerance": tolerance, "slo.max_memory": max_memory, "slo.min_kv_cache_tokens": min_kv_cache_tokens,
-        "storage_outage_limit": storage_outage_limit, "extend": False if no_extend else None,
+        "storage_outage_limit": storage_outage_limit, "extend": False if no_extend else None, "answers": answers,
     })
     slots = parse_gpus(gpus)
     plan = plan_study(cfg)  # every check of the input before the storage is claimed: nothing written on exit 2
@@ -350,6 +351,38 @@ def export(
     result = export_best(open_study(storage, study), output, schedule_max_batch=max_batch if schedule else None)
     typer.echo(f"wrote {result.path} ({result.choice.row.label}): {result.choice.reason}")
     typer.echo(f"provenance: {result.provenance_path}")
+
+
+@app.command()
+def verify(
+    file: Annotated[Path, typer.Argument(help="The exported file (spectune export), its provenance beside it.")],
+    storage: Annotated[Optional[str], typer.Option(help="The study's storage (default: the one its provenance names).")] = None,
+    study: Annotated[Optional[str], typer.Option(help="The study (default: the one its provenance names).")] = None,
+    workload: Annotated[Optional[str], typer.Option(help="Prompts to verify on instead of the study's (a file or shipped set).")] = None,
+    max_memory: Annotated[Optional[str], typer.Option(help="Fail when the engine takes more memory: 70GiB (GPU memory on GPUs, resident memory on a CPU).")] = None,
+    startup_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds an engine may take to become healthy.")] = 600.0,
+    log_dir: Annotated[Path, typer.Option(help="Where the engines' logs go.")] = Path("storage/logs"),
+    as_json: Annotated[bool, typer.Option("--json", help="The verdict as JSON: holds, speedup, claimed, band, fidelity, differences.")] = False,
+) -> None:
+    """Start FILE's configuration and the baseline here, and hold them to what the study claimed.
+
+    Exit 0: the speedup is within the study's band of its claim (or above) and the answers keep
+    the study's rule; 1: something regressed (one line says what); 2: bad input."""
+    from spectune._util import validate
+    from spectune.measurement import SLO
+    from spectune.verify import verify as run_verify
+
+    limit = validate(SLO, {"max_memory": max_memory}, "--max-memory").max_memory if max_memory is not None else None
+    verdict = run_verify(file, storage=storage, study=study, workload=workload, max_memory=limit, log_dir=log_dir,
+                         startup_timeout=startup_timeout)
+    if as_json:
+        _print_json(verdict.record())
+    else:
+        typer.echo(verdict.reason)
+        for difference in verdict.differences:
+            typer.echo(f"differs from the study's record: {difference}")
+    if not verdict.holds:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -20,7 +20,7 @@ import yaml
 
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError, StorageError
-from spectune.results import Choice, StudyView, TrialRow, edge_notes
+from spectune.results import Choice, StudyView, TrialRow, answers_line, edge_notes
 from spectune.storage import safe_url
 
 if TYPE_CHECKING:
@@ -216,6 +216,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         f"{objective} = {choice.value:.4g}" + (f", {choice.speedup:.3f}x the baseline" if choice.speedup else "")
         + (f" (mean of {len(choice.engines)} engines)" if len(choice.engines) > 1 else ""),
         f"decision: {choice.reason}",
+        *([answers] if (answers := answers_line(view, choice)) is not None else []),
         f"workload {m.workload.source}: {m.num_requests} requests, max_tokens {m.workload.sampling.max_tokens}, "
         f"temperature {m.workload.sampling.temperature}, "
         + (f"a load mix of {', '.join(f'{m.workload.level_name(k)} ({w:.0%})' for k, w in m.workload.weights().items())}"
@@ -242,6 +243,8 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         "noise_band": choice.noise_band,
         "band_kind": choice.band_kind,
         "engine_spread": choice.engine_spread,
+        "answers": {"rule": rule.value if (rule := view.answer_rule) is not None else None, "line": answers,
+                    "fidelity": row.fidelity},
         "objectives": _mean_objectives(view.objectives, chosen),
         "speedup": choice.speedup,
         "engines": {"value": choice.value, "each": choice.engines, "baseline_each": choice.baseline_engines},

@@ -14,12 +14,14 @@ storage is unreachable is kept in memory and written when it answers again.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from spectune._util import STOPS
+from spectune.answers import ANSWERS, AnswerRule, Fidelity, compare
 from spectune.errors import EngineError
 from spectune.measurement import relative_noise, spec_key, speedup
 from spectune.records import TrialRecord, write_fields, write_study_fields
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
     from spectune.trial import TrialHook
 
 __all__ = ["TrialFunction", "headline", "trial_id"]
+
+_logger = logging.getLogger(__name__)
 
 
 def headline(m: Measurement) -> TrialRecord:
@@ -136,8 +140,15 @@ class TrialFunction:
         """Write the measurement: the trial's attributes and constraints, spectune's row. Each
         write replaces, so that a second run after a failed one leaves what one run would."""
         primary = self.config.objectives[0]
-        base = values[0] if spec.is_baseline and rec.confirms is None else self._baseline_value()
+        first_baseline = spec.is_baseline and rec.confirms is None
+        base_trial = None if first_baseline else self._baseline_trial()
+        base = values[0] if first_baseline else base_trial.values[0] if base_trial is not None else None
         constraints = self.config.slo.violations(m)
+        fidelity = self._fidelity(base_trial, m)
+        if fidelity is not None and not spec.is_baseline and self.config.answers is not AnswerRule.OFF:
+            constraints[ANSWERS] = float(fidelity.broken(self.config.answers))
+            if (line := fidelity.refusal(rec.config or spec.label(), self.config.answers)) is not None:
+                _logger.warning("%s: ruled out (--answers %s)", line, self.config.answers.value)
         for slo_name, value in constraints.items():
             trial.set_constraint(slo_name, value)
         levels = primary.of_levels(m)
@@ -145,6 +156,7 @@ class TrialFunction:
             "level_values": {f"{c:g}": round(v, 4) for c, v in levels.items()} if levels else None,
             "speedup": round(speedup(primary.maximize, values[0], base), 4) if base is not None else None,
             "noise": relative_noise(primary, m), "constraints": constraints,
+            "fidelity": fidelity.model_dump(mode="json") if fidelity is not None else None,
             "feasible": all(c <= 0 for c in constraints.values()),
         }).write(trial)
         self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
@@ -183,12 +195,23 @@ class TrialFunction:
             with STOPS.waiting():
                 time.sleep(poll)
 
-    def _baseline_value(self) -> float | None:
+    def _baseline_trial(self) -> optuna.trial.FrozenTrial | None:
+        """The study's first completed baseline trial (not a re-measurement)."""
         for t in self.study.get_trials(deepcopy=False):
             rec = TrialRecord.of(t)
-            if t.state.name == "COMPLETE" and rec.spec in (None, {"method": "none"}) and rec.confirms is None:
-                return t.values[0]
+            if t.state.name == "COMPLETE" and rec.spec in (None, {"method": "none"}) and rec.confirms is None \
+                    and rec.duplicate_of is None:
+                return t
         return None
+
+    def _fidelity(self, base_trial: optuna.trial.FrozenTrial | None, m: Measurement) -> Fidelity | None:
+        """``m``'s answers against the baseline's (None: no check, no baseline measured yet, or
+        nothing to compare: :func:`spectune.answers.compare`). A trial that finished before the
+        baseline is compared where the study is read (:class:`spectune.results.StudyView`)."""
+        if self.config.answers is AnswerRule.OFF or base_trial is None or self.config.workload.sampling.temperature > 0:
+            return None
+        base_m = self.store.measurement(trial_id(self.storage, self.study.study_name, base_trial.number))
+        return compare(base_m, m) if base_m is not None else None
 
     def _end(self, number: int, of: int, name: str, state: str, values: list[float] | None,
              reason: str | None, finishing: tuple[int, list[float]] | None = None, *, trial: int | None = None) -> None:

@@ -115,6 +115,8 @@ class TrialRecord(BaseModel):
                                          "(Measurement.bursty_delivery): its client latencies are the delivery's.")
     level_values: dict[str, float] | None = Field(default=None, description="A load mix: the first objective at "
                                                   "each concurrency level (its value is their weighted whole).")
+    fidelity: dict[str, Any] | None = Field(default=None, description="Its answers against the baseline's at "
+                                            "temperature 0 (spectune.answers.Fidelity).")
     speedup: float | None = None
     noise: float | None = None
     constraints: dict[str, float] | None = None

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spectune.answers import ANSWERS, AnswerRule, Fidelity, compare
 from spectune.errors import ConfigError, EngineError, StorageError
 from spectune.measurement import NOISE_FLOOR, Objective, candidate_key, speedup
 from spectune.records import StudyRecord, TrialRecord
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
     from spectune.measurement import Measurement
 
-__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "Engines", "LevelRow", "StudyView", "TrialRow", "edge_notes", "engine_spread", "engine_spread_note",
+__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "answers_line", "Engines", "LevelRow", "StudyView", "TrialRow", "edge_notes", "engine_spread", "engine_spread_note",
            "open_study", "paired_band", "paired_gap_error", "pooled_spread", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
@@ -68,6 +69,12 @@ class TrialRow:
     kv_cache_tokens: int | None = None
     bursty_delivery: bool = False
     """Its tokens reached the client in bursts (:attr:`spectune.measurement.Measurement.bursty_delivery`)."""
+    fidelity: dict[str, Any] | None = None
+    """Its answers against the baseline's (:class:`spectune.answers.Fidelity`); None: not checked."""
+
+    @property
+    def answers(self) -> Fidelity | None:
+        return Fidelity.model_validate(self.fidelity) if self.fidelity is not None else None
 
     @property
     def memory(self) -> str:
@@ -90,6 +97,8 @@ class TrialRow:
     def note(self) -> str:
         """What a person should know beside the trial's figures (``show``, the report)."""
         note = self.fail_reason or ("" if self.feasible else f"breaks {', '.join(self.broken) or 'the SLO'}")
+        if ANSWERS in self.broken and (answers := self.answers) is not None:
+            note += f" ({', '.join(filter(None, (answers.label, answers.kinds())))}; {answers.where()})"
         if self.bursty_delivery:
             burst = "tokens reached the client in bursts: its TTFT and TPOT are the delivery's"
             note = f"{note}; {burst}" if note else burst
@@ -224,6 +233,26 @@ def paired_gap_error(a: Sequence[Measurement], b: Sequence[Measurement],
     return head, False
 
 
+def answers_line(view: StudyView, choice: Choice | None) -> str | None:
+    """One line on the answers behind the decision: the choice's against the baseline's, and
+    what the study's rule ruled out (None for a study that does not check answers)."""
+    rule = view.answer_rule
+    if rule is None or rule is AnswerRule.OFF:
+        return None if rule is None else "answers: not checked (--answers off)"
+    if (unchecked := view.answers_note()) is not None:
+        return unchecked
+    out = [r for r in view.complete() if ANSWERS in r.broken and r.duplicate_of is None]
+    ruled = (f"; {len(out)} configuration{'s' if len(out) > 1 else ''} ruled out for answers that "
+             f"{'changed beyond rounding' if rule is AnswerRule.ROUNDING else 'differ'}" if out else "")
+    if choice is None or choice.is_baseline:
+        return f"answers: the baseline's own (rule {rule.value}){ruled}"
+    f = choice.row.answers
+    if f is None:
+        return f"answers: not compared with the baseline's (no output token ids){ruled}"
+    where = f"; {f.where()}" if f.first is not None else ""
+    return f"answers: {f.summary()} as the baseline's (rule {rule.value}{where}){ruled}"
+
+
 def engine_spread_note(spread: float | None) -> str | None:
     """The sentence ``show``, the reports and the dashboard note say about :func:`engine_spread`
     (None when the study has not measured one, or found engines alike)."""
@@ -328,8 +357,43 @@ class StudyView:
         ids = store.trial_ids(study.study_name)
         self._engines: dict[bool, list[Engines]] = {}  # engines(), by confirmations, over the rows as they are
         self.rows = [_row(t, ids.get(t.number)) for t in study.get_trials(deepcopy=False)]
+        self.rows = self._answers_compared()
         self.rows = self.speedups()
         self._engines.clear()  # the rows now carry their speedups
+
+    @property
+    def answer_rule(self) -> AnswerRule | None:
+        """The study's :class:`~spectune.answers.AnswerRule`; None for a study stored before
+        answers were checked."""
+        rule = (StudyRecord.of(self.study).spectune_config or {}).get("answers")
+        return AnswerRule(rule) if rule in {r.value for r in AnswerRule} else None
+
+    def answers_note(self) -> str | None:
+        """Why no answer was compared, where the study checks them and none was: its sampling."""
+        workload = (StudyRecord.of(self.study).spectune_config or {}).get("workload") or {}
+        t = (workload.get("sampling") or {}).get("temperature") or 0
+        if self.answer_rule not in (None, AnswerRule.OFF) and t > 0:
+            return f"answers not checked against the baseline's: the workload samples at temperature {t:g}"
+        return None
+
+    def _answers_compared(self) -> list[TrialRow]:
+        """:attr:`rows`, each completed trial that finished before the baseline (another slot's)
+        compared with it now, and ruled out where its answers break the study's rule."""
+        rule = self.answer_rule
+        late = [r for r in self.complete() if r.fidelity is None and r.trial_id is not None
+                and r.duplicate_of is None and r.imported is None]
+        base = self.baseline()
+        if rule in (None, AnswerRule.OFF) or not late or base is None or self.answers_note() is not None \
+                or (base_m := self.store.measurement(base.trial_id)) is None:
+            return self.rows
+        out = []
+        for r in self.rows:
+            if r in late and r.number != base.number and (m := self.store.measurement(r.trial_id)) is not None \
+                    and (f := compare(base_m, m)) is not None:
+                broken = r.broken + ((ANSWERS,) if f.broken(rule) and not r.is_baseline else ())
+                r = replace(r, fidelity=f.model_dump(mode="json"), broken=broken, feasible=r.feasible and ANSWERS not in broken)
+            out.append(r)
+        return out
 
     @property
     def maximize(self) -> bool:
@@ -359,12 +423,14 @@ class StudyView:
             "study": self.name, "storage": safe_url(self.url), "objectives": self.objectives, "directions": self.directions,
             "trials": [{**asdict(r), "note": r.note} for r in self.sorted_rows()],
             "engine_spread": engine_spread(self.engines()),
+            "answers": {"rule": rule.value if (rule := self.answer_rule) is not None else None,
+                        "not_checked": self.answers_note()},
             "best": None if choice is None else {
                 "trial": choice.row.number, "config": choice.row.label, "spec": choice.row.spec,
                 "is_baseline": choice.is_baseline, "reason": choice.reason, "value": choice.value,
                 "speedup": choice.speedup, "noise_band": choice.noise_band, "band_kind": choice.band_kind,
                 "engines": choice.engines,
-                "baseline_engines": choice.baseline_engines,
+                "baseline_engines": choice.baseline_engines, "fidelity": choice.row.fidelity,
                 "levels": [asdict(lv) for lv in levels] if (levels := self.levels(choice)) else None},
         }
 
@@ -577,7 +643,7 @@ def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
         placement=r.placement.label() if r.placement is not None else None,
         engine=r.engine, imported=r.imported, broken=tuple(k for k, v in (r.constraints or {}).items() if v > 0),
         peak_memory_bytes=r.peak_memory_bytes, memory_kind=r.memory_kind, kv_cache_tokens=r.kv_cache_tokens,
-        bursty_delivery=r.bursty_delivery is True,
+        bursty_delivery=r.bursty_delivery is True, fidelity=r.fidelity,
     )
 
 

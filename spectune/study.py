@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from spectune._util import StrictModel, load_yaml_file, validate
+from spectune.answers import AnswerRule
 from spectune.config import EngineArgs, Method, Prompt, WorkloadSpec
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, method_refusal
 from spectune.errors import ConfigError
@@ -122,6 +123,11 @@ class StudyConfig(StrictModel):
         description="Engine time the study may spend, summed over its trials on every worker: seconds, or "
         "with a unit (90s, 10m, 2h). After the baseline, a trial starts only if it is expected to end within it "
         "(trials take as long as the median one so far); the choice is made from what was measured.")
+    answers: AnswerRule = Field(
+        default=AnswerRule.ROUNDING,
+        description="Which of a configuration's answers, held against the baseline's at temperature 0, rule it "
+        "out: rounding (default: a difference where the baseline's choice was a near-tie is allowed, a changed "
+        "answer is not), identical (every answer token for token), off (no check).")
     startup_timeout: float = Field(default=DEFAULT_STARTUP_TIMEOUT, gt=0,
                                    description="Seconds an engine may take to become healthy (loading, compiling).")
     window_timeout: float | None = Field(default=1800.0, gt=0)
@@ -316,6 +322,9 @@ def plan_study(config: StudyConfig) -> StudyPlan:
         _logger.warning("workload: at a request rate the engine keeps up with, output throughput is the rate's, "
                         "whatever the configuration; a mix of request rates is told apart by its latencies "
                         "(objective tpot_median_ms, e2el_median_ms or their p99)")
+    if config.answers is not AnswerRule.OFF and (t := config.workload.sampling.temperature) > 0:
+        _logger.warning("answers are not checked against the baseline's: the workload samples at temperature %g, "
+                        "where answers differ by chance (set temperature 0 to check them)", t)
     return StudyPlan(space, _checked_engine(config, space, prompts), prompts)
 
 

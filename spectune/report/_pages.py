@@ -16,7 +16,7 @@ from spectune.errors import ConfigError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import best_config_yaml, best_line, decide, fmt, level_markdown, level_rows, md_cell
-from spectune.results import edge_notes, engine_spread_note, prediction_errors_note, stop_note
+from spectune.results import answers_line, edge_notes, engine_spread_note, prediction_errors_note, stop_note
 from spectune.storage import safe_url
 
 if TYPE_CHECKING:
@@ -135,13 +135,14 @@ def _trial_cells(view: StudyView, r: TrialRow) -> list[str]:
     return [str(r.number), r.state, r.label, *values, fmt(r.speedup, ".3f", "x"),
             fmt(r.noise, ".1%") if r.noise is not None else "-",
             fmt(r.acceptance_rate, ".3f"), fmt(r.mean_acceptance_length, ".2f"), r.memory,
-            str(r.kv_cache_tokens) if r.kv_cache_tokens is not None else "-", r.note,
+            str(r.kv_cache_tokens) if r.kv_cache_tokens is not None else "-",
+            a.summary() if (a := r.answers) is not None else "-", r.note,
             *([r.placement or "-"] if view.placed else [])]
 
 
 def _trial_header(view: StudyView) -> list[str]:
     return ["#", "state", "config", *view.objectives, "speedup", "noise", "acceptance", "accept len", "peak memory",
-            "KV cache tokens", "note", *(["ran on"] if view.placed else [])]
+            "KV cache tokens", "answers", "note", *(["ran on"] if view.placed else [])]
 
 
 _CSS = """
@@ -181,6 +182,8 @@ def render_html(view: StudyView) -> str:
                      f"{e(ctx.choice.reason)}.</p>")
         if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
             parts.append(f"<p>{e(spread)}</p>")
+        if (answers := answers_line(view, ctx.choice)) is not None:
+            parts.append(f"<p id='answers'>{e(answers)}</p>")
         if (errors := prediction_errors_note(view)) is not None:
             parts.append(f"<p id='prediction-errors'>{e(errors)}</p>")
         if (stopped := stop_note(view)) is not None:
@@ -233,6 +236,8 @@ def render_markdown(view: StudyView) -> str:
         lines += [f"**Best configuration:** {best_line(ctx.choice)}", ""]
         if (spread := engine_spread_note(ctx.choice.engine_spread)) is not None:
             lines += [spread, ""]
+        if (answers := answers_line(view, ctx.choice)) is not None:
+            lines += [answers, ""]
         if (errors := prediction_errors_note(view)) is not None:
             lines += [errors, ""]
         if (stopped := stop_note(view)) is not None:

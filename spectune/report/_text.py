@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from spectune.errors import ConfigError
-from spectune.results import engine_spread_note
+from spectune.results import answers_line, engine_spread_note
 
 if TYPE_CHECKING:
 
@@ -76,6 +76,8 @@ def study_note(view: StudyView) -> str:
         if choice.band_kind.startswith("paired band") else ""))
     if (spread := engine_spread_note(choice.engine_spread)) is not None:
         lines.append(f"- {spread}")
+    if (answers := answers_line(view, choice)) is not None:
+        lines.append(f"- {answers}")
     lines += ["", *level_markdown(view, choice)]
     text = best_config_yaml(view, choice)
     if text is not None:

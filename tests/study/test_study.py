@@ -61,6 +61,19 @@ def test_study_of_five_trials_with_a_failing_engine_finishes(grid_study) -> None
     assert feats["num_prompts"] == 4 and feats["num_outputs"] == 4
     assert feats["output_tokens"]["mean"] > 0
     assert 0 <= feats["output_in_prompt_tokens"]["n1"] <= 1
+    # the baseline's answers, asked again untimed with log-probabilities: the same tokens in float32
+    base_m = view.store.measurement(base.trial_id)
+    margins = base_m.answer_margins
+    assert margins is not None and margins.seconds > 0 and len(margins.requests) == 4
+    for r in base_m.requests:
+        ref = margins.requests[r.prompt_id]
+        assert ref.token_ids == r.token_ids and len(ref.margins) == len(r.token_ids)
+        assert all(g is not None and g >= 0 for g in ref.margins)
+    # every speculative trial's answers held against the baseline's: float32 gives the same answers
+    for r in view.complete():
+        assert (r.answers is None) == r.is_baseline
+        if not r.is_baseline:
+            assert (r.answers.compared, r.answers.identical, r.feasible) == (4, 4, True)
     # progress: one end event per trial, numbered 1..5
     ends = [e for e in events if e.kind == "trial_end"]
     assert [e.number for e in ends] == [1, 2, 3, 4, 5]
