@@ -10,7 +10,7 @@ from spectune.measurement import AnswerMargins, PromptMargins, RequestSample
 from tests.predict.synthetic import synthetic_measurement
 
 BASE = {"a": [1, 2, 3, 4, 5], "b": [7, 8, 9], "c": [4, 4, 4, 4], "d": [5, 6]}
-MARGINS = {"a": [3.0, 2.5, 0.01, 4.0, 1.0], "b": [2.0, 0.3, 5.0], "c": [1.0, 1.0, 1.0, 1.0], "d": [9.0, 9.0]}
+MARGINS = {"a": [3.0, 2.5, 1e-6, 4.0, 1.0], "b": [2.0, 0.3, 5.0], "c": [1.0, 1.0, 1.0, 1.0], "d": [9.0, 9.0]}
 
 
 def answers(outputs: dict[str, list[int] | None], spec: SpecConfig | None = None, dtype: str = "float32",
@@ -38,7 +38,7 @@ def test_identical_answers_are_counted_and_keep_every_rule() -> None:
 
 
 def test_a_difference_at_a_near_tie_is_rounding_elsewhere_changed() -> None:
-    trial = {**BASE, "a": [1, 2, 99, 4, 5], "b": [7, 99, 9]}  # a at a near-tie (0.01), b at a margin of 0.3
+    trial = {**BASE, "a": [1, 2, 99, 4, 5], "b": [7, 99, 9]}  # a at a near-tie (1e-6), b at a margin of 0.3
     f = compare(answers(BASE, margins=MARGINS), answers(trial, NGRAM))  # float32: margin 0.02
     assert (f.identical, f.rounding, f.changed, f.first_difference_median) == (2, 1, 1, 1.5)
     assert (f.first.prompt_id, f.first.token, f.first.kind, f.first.margin) == ("b", 1, "changed", 0.3)
