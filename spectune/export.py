@@ -160,7 +160,8 @@ def _mix_proposer(view: StudyView, m: Measurement) -> TrialRow | None:
     return max(speculative, key=lambda c: sign * c.value).row if speculative else None
 
 
-def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | None = None) -> ExportResult:
+def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | None = None,
+                trial: int | None = None) -> ExportResult:
     """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``.
 
     With ``schedule_max_batch``, a speculative choice also gets vLLM's
@@ -169,6 +170,9 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     baseline, the best speculative configuration's schedule is exported where it speculates at
     some batch size: no static ``k`` pays at every level, yet one may at the quiet ones.
 
+    ``trial``: that trial's configuration instead of the study's choice (:meth:`StudyView.choice_of`),
+    its decision line saying so.
+
     Raises:
         ConfigError: no configuration to choose, or ``path`` is a folder or cannot be written
             (an earlier export there is left as it was).
@@ -176,7 +180,7 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     path = Path(path)
     if not path.name or path.is_dir():
         raise ConfigError(f"{path}: is a folder; give the file to write, e.g. best.yaml")
-    choice = view.best()
+    choice = view.best() if trial is None else view.choice_of(trial)
     row = choice.row
     m = view.store.measurement(row.trial_id)
     base_m = view.store.measurement(choice.baseline.trial_id)

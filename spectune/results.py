@@ -545,6 +545,30 @@ class StudyView:
                                       f"within the {what} (+-{band:.1%}) of the baseline", gain is not None)
         return choice(best, False, f"{gain:.2f}x the baseline{engines} ({what} +-{band:.1%})")
 
+    def choice_of(self, number: int) -> Choice:
+        """Trial ``number``'s configuration as if chosen, held against the baseline as :meth:`best`
+        holds its choice (its mean over its engines, the paired band of the two): what a team
+        that deploys another configuration than the study's choice exports and verifies.
+
+        Raises:
+            ConfigError: no completed trial ``number``, or no baseline.
+        """
+        best = self.best()
+        config = next((c for c in self.engines() if number in c.numbers), None)
+        if config is None:
+            done = ", ".join(str(c.row.number) for c in self.engines())
+            raise ConfigError(f"study {self.name}: trial {number} measured nothing to export (measured trials: {done})")
+        base = next(c for c in self.engines() if c.row.is_baseline)
+        spread = engine_spread(self.engines())
+        found = self.paired_band(config, base, spread) if config is not base else None
+        band = found[0] if found is not None else config.noise + base.noise
+        gain = 1.0 if config is base else _finite(speedup(self.maximize, config.value, base.value))
+        said = "" if gain is None else f"{gain:.2f}x the baseline, "
+        why = (f"trial {number} as asked ({said}{'breaks ' + ', '.join(config.row.broken) + '; ' if config.row.broken else ''}"
+               f"the study's choice: {best.row.label})")
+        return Choice(config.row, base.row, config is base, why, band, config.value, gain, config.values, base.values,
+                      spread, "paired band" if found is not None else "noise band")
+
     def paired_band(self, a: Engines, b: Engines, spread: float | None) -> tuple[float, bool] | None:
         """:func:`paired_band` of two configurations as measured in this study, and whether it
         covers the load mix (:func:`paired_gap_error`); None where their requests do not pair up:
