@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from spectune.space import SearchSpace, load_space
     from spectune.study import StudyConfig, create_study, join_study, load_study_config
     from spectune.trial import measure
+    from spectune.verify import Verdict, verify
     from spectune.worker import run_study, run_worker
     from spectune.workloads import load_prompts
 
@@ -49,6 +50,8 @@ _PUBLIC = {
     "StudyView": ("spectune.results", "StudyView"),
     "Choice": ("spectune.results", "Choice"),
     "export_best": ("spectune.export", "export_best"),
+    "verify": ("spectune.verify", "verify"),
+    "Verdict": ("spectune.verify", "Verdict"),
     "EngineArgs": ("spectune.config", "EngineArgs"),
     "SpecConfig": ("spectune.config", "SpecConfig"),
     "WorkloadSpec": ("spectune.config", "WorkloadSpec"),
@@ -82,6 +85,7 @@ __all__ = [
     "StudyConfig",
     "StudyView",
     "TrialRecord",
+    "Verdict",
     "WorkloadSpec",
     "create_study",
     "export_best",
@@ -94,6 +98,7 @@ __all__ = [
     "optimize",
     "run_study",
     "run_worker",
+    "verify",
 ]
 assert set(__all__) == set(_PUBLIC)
 
