@@ -110,6 +110,8 @@ def test_confirm_measures_the_best_and_the_baseline_again_on_fresh_engines(grid_
         m, m0 = view.store.measurement(r.trial_id), view.store.measurement(first.trial_id)
         assert m is not None and m0 is not None
         assert m.started_at > m0.started_at and m.log_path != m0.log_path  # its own engine
+        # each engine's answers against the first baseline's: the baseline measured again too
+        assert (r.answers.compared, r.answers.identical) == (4, 4)
     # progress numbers the confirmations after the search's five trials
     assert [(e.number, e.total) for e in events if e.kind == "trial_end"] == [(6, 7), (7, 7)]
     # the choice rests on the means over both engines
