@@ -60,6 +60,17 @@ def test_an_engine_on_an_ipv6_loopback_gets_a_free_port_there_and_is_reached_in_
     assert [r.ok for r in result.records] == [True] and result.records[0].output_tokens
 
 
+def test_an_inherited_vllm_port_does_not_reach_the_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_PORT", "tcp://10.96.0.12:8000")  # what a Kubernetes Service named vllm sets
+    monkeypatch.setenv("FAKE_ENGINE_RECORD", str(tmp_path))
+    own = VLLMServer(EngineArgs(model="stand-in", env={"FAKE_ENGINE_BEHAVIOUR": "serve", "VLLM_PORT": "29500"}),
+                     SpecConfig(), log_path=tmp_path / "engine.log", startup_timeout=60, platform=STAND_IN)
+    with _server(tmp_path), own:
+        pass
+    envs = [json.loads(p.read_text())["env"] for p in sorted(tmp_path.glob("*.json"))]
+    assert sorted(env.get("VLLM_PORT", "-") for env in envs) == ["-", "29500"]  # the engine's own env may set it
+
+
 def test_a_key_the_user_would_set_is_refused_in_one_line() -> None:
     for engine in ({"extra_args": {"api-key": "mine"}}, {"extra_args": {"api_key": "mine"}},
                    {"env": {"VLLM_API_KEY": "mine"}}):

@@ -202,6 +202,12 @@ def summarize_failure(log_lines: list[str]) -> str:
     return "the engine exited without a message"
 
 
+NOT_INHERITED = frozenset({"VLLM_PORT"})
+"""Variables of spectune's environment an engine does not get (the engine's own ``env`` may set
+them): ``VLLM_PORT`` is the first of vLLM's internal ports, so engines started side by side with
+one value collide; a Kubernetes Service named ``vllm`` sets it to a URL, which vLLM refuses."""
+
+
 class VLLMServer(EngineServer):
     """``vllm serve`` (or its module entry point) for one target model and one candidate.
 
@@ -325,7 +331,8 @@ class VLLMServer(EngineServer):
     def _launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._tmpdir = tempfile.mkdtemp(prefix="spectune-engine-")
-        env = {**os.environ, **(self.binding.env if self.binding else {}), **self.args.env,
+        inherited = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+        env = {**inherited, **(self.binding.env if self.binding else {}), **self.args.env,
                "TMPDIR": self._tmpdir, "PYTHONUNBUFFERED": "1", API_KEY_ENV: self._api_key}
         _logger.info("starting engine: %s", " ".join(self.command))
         t0 = time.monotonic()
