@@ -294,9 +294,11 @@ class _Run:
         except TimeoutError:
             res = None
         answered = {r.prompt_id: PromptMargins(token_ids=r.token_ids, margins=r.margins)
-                    for r in (res.records if res else []) if r.ok and r.token_ids is not None and r.margins is not None}
+                    for r in (res.records if res else []) if r.ok and r.token_ids is not None
+                    and r.margins}  # a server that ignores logprobs gives none
         if not answered:
-            first = res.records[0].error if res and res.records else f"timed out after {self.timeout} s"
+            first = (res.records[0].error or "no log-probabilities in the answers") if res and res.records \
+                else f"timed out after {self.timeout} s"
             _logger.warning("the baseline's answers were not asked again with log-probabilities (%s): its answers' "
                             "differences will be unclassified", first)
             return None
