@@ -123,8 +123,8 @@ def measure(
 
     with trial_progress(_err_console(), candidate.label(), startup_timeout=startup_timeout,
                         enabled=not _state["debug"]) as hook:
-        m = run_measure(engine, candidate, workload, selected, log_dir=log_dir,
-                        startup_timeout=startup_timeout, progress=hook, repeats=repeats)
+        m = run_measure(engine, candidate, workload, selected, log_dir=log_dir,  # one configuration: no answers to hold
+                        startup_timeout=startup_timeout, progress=hook, repeats=repeats, answer_margins=False)
     if as_json:
         sys.stdout.write(m.model_dump_json(indent=2) + "\n")
     else:

@@ -163,6 +163,7 @@ def measure(
     progress: TrialHook | None = None,
     server_factory: Callable[..., VLLMServer] = VLLMServer,
     repeats: int = 1,
+    answer_margins: bool = True,
 ) -> Measurement:
     """Start an engine with ``spec``, measure ``prompts`` through it, stop it.
 
@@ -180,6 +181,10 @@ def measure(
     (``workload.concurrency_levels``) measures each other level after the headline windows, on
     a window of prompts of its own, with its own counters (:attr:`Measurement.levels`); a sweep of
     request rates (``workload.request_rate_levels``) sends each level at its rate.
+
+    A baseline at temperature 0 then answers the headline prompts again, untimed, with
+    log-probabilities (:attr:`Measurement.answer_margins`: what a study's answer check
+    classifies differences with); ``answer_margins=False`` skips that pass.
 
     Raises ConfigError before any engine starts when a level's window is smaller than the level,
     or when the engine here cannot run ``spec``'s method (:func:`~spectune.engines.check_runnable`).
@@ -226,7 +231,7 @@ def measure(
             headline = m.level_at(m.headline)
             assert headline is not None
             m.levels = sorted([headline, *levels], key=lambda lv: lv.key)
-        if spec.is_baseline and workload.sampling.temperature == 0:
+        if answer_margins and spec.is_baseline and workload.sampling.temperature == 0:
             m.answer_margins = run.margins([p for w in windows for p in w], m.duration_seconds)
         return m
 

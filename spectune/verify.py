@@ -19,9 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from spectune._util import validate
+from spectune._util import load_yaml_file, validate
 from spectune.answers import AnswerRule, Fidelity, compare
 from spectune.config import EngineArgs, SpecConfig
 from spectune.errors import ConfigError, EngineError, StorageError
@@ -63,12 +61,7 @@ def read_export(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     Raises:
         ConfigError: either file is missing or is not what ``spectune export`` writes.
     """
-    try:
-        config = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it: {e.strerror or e}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not YAML: {' '.join(str(e).split())}") from e
+    config = load_yaml_file(path)
     if not isinstance(config, dict) or not isinstance(config.get("model"), str):
         raise ConfigError(f"{path}: not a vllm serve --config file with a model (spectune export writes one)")
     prov_path = path.with_name(path.stem + ".provenance.json")

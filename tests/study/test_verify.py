@@ -72,7 +72,7 @@ def test_bad_input_is_refused_in_one_line(exported: Path, tmp_path: Path, capsys
     cases.append((lone, "lone.provenance.json: no provenance beside lone.yaml"))
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed")
-    cases.append((bad, "bad.yaml: not YAML"))
+    cases.append((bad, "invalid YAML"))
     port = tmp_path / "port.yaml"
     port.write_text(yaml.safe_dump({**yaml.safe_load(exported.read_text()), "port": 8000}))
     port.with_name("port.provenance.json").write_text(exported.with_name("best.provenance.json").read_text())
