@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spectune._util import load_yaml_file, validate
-from spectune.answers import AnswerRule, Fidelity, compare
+from spectune.answers import AnswerRule, compare
 from spectune.config import EngineArgs, SpecConfig
 from spectune.errors import ConfigError, EngineError, StorageError
 from spectune.export import vllm_config
@@ -180,7 +180,6 @@ def verify(path: Path | str, *, storage: str | None = None, study: str | None = 
     interval = [claimed * math.exp(-band), claimed * math.exp(band)] if claimed and band is not None else None
     run = measure_fn or measure
     t0 = time.perf_counter()
-    measured: dict[str, Any] = {}
     try:
         base = run(engine, SpecConfig(), wl, prompts, log_dir=log_dir, startup_timeout=startup_timeout, repeats=repeats)
         m = base if spec.is_baseline else run(engine, spec, wl, prompts, log_dir=log_dir,
@@ -191,21 +190,22 @@ def verify(path: Path | str, *, storage: str | None = None, study: str | None = 
     measured = {"objective": objective.value, "value": objective.of(m), "baseline": objective.of(base),
                 "peak_memory_bytes": m.peak_memory_bytes, "memory_kind": m.memory_kind,
                 "engine_seconds": round(time.perf_counter() - t0, 1)}
+    if max_memory is not None and m.peak_memory_bytes is not None and m.peak_memory_bytes > max_memory:
+        return Verdict(False, f"memory over the limit: {label} took {m.peak_memory_bytes / 2**30:.2f} GiB, the limit is "
+                       f"{max_memory / 2**30:.2f} GiB", label, claimed=claimed, band=interval, differences=differences,
+                       measured=measured)
     if spec.is_baseline:
         return Verdict(True, f"holds: {path.name} serves without speculation, as the study chose; its engine started",
                        label, speedup=1.0, claimed=claimed, band=interval, differences=differences, measured=measured)
     gain = speedup(objective.maximize, measured["value"], measured["baseline"])
-    fidelity: Fidelity | None = None if spec.is_baseline else compare(base, m)
+    fidelity = compare(base, m)
     verdict = Verdict(True, "", label, speedup=gain, claimed=claimed, band=interval,
                       fidelity=fidelity.model_dump(mode="json") if fidelity else None, differences=differences,
                       measured=measured)
     said = f"{label} serves {gain:.3f}x the baseline" + (
         f" (the study: {claimed:.3f}x, {interval[0]:.2f}-{interval[1]:.2f}x)" if interval else "")
     answers = f"; answers {fidelity.summary()}" if fidelity is not None else ""
-    if max_memory is not None and m.peak_memory_bytes is not None and m.peak_memory_bytes > max_memory:
-        verdict.holds, verdict.reason = False, (f"memory over the limit: {label} took {m.peak_memory_bytes / 2**30:.2f} GiB, "
-                                                f"the limit is {max_memory / 2**30:.2f} GiB")
-    elif interval is not None and gain < interval[0]:
+    if interval is not None and gain < interval[0]:
         verdict.holds, verdict.reason = False, f"speedup regressed: {said}"
     elif fidelity is not None and (line := fidelity.refusal(label, rule)) is not None:
         verdict.holds, verdict.reason = False, f"answers changed: {line} (rule {rule.value})"
