@@ -115,7 +115,8 @@ class TrialFunction:
             with STOPS.waiting():  # a polite stop lands here, never while the result is recorded
                 m = self.measure(engine or self.engine, spec, cfg.workload, self.prompts, log_dir=cfg.log_dir,
                                  startup_timeout=cfg.startup_timeout, window_timeout=cfg.window_timeout,
-                                 progress=phase_hook, repeats=cfg.repeats)
+                                 progress=phase_hook, repeats=cfg.repeats,
+                                 answer_margins=cfg.answers is not AnswerRule.OFF)  # off: no answers to classify
             values = [o.of(m) for o in cfg.objectives]
         except EngineError as e:
             self.counts["failed"] += 1
