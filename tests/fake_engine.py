@@ -15,6 +15,11 @@ Behaviours:
 With ``FAKE_ENGINE_BUSY_STARTS=N`` (and the record folder set), the first N starts exit at once
 with vLLM's refusal to start on a device whose memory is not yet free.
 
+With ``FAKE_ENGINE_FAULT=NAME`` (a key of :data:`FAULTS`) it exits at once with the log lines a
+CUDA build of vLLM prints for that failure, message for message; only where its
+``CUDA_VISIBLE_DEVICES`` is ``FAKE_ENGINE_FAULT_GPUS`` and its ``--speculative-config`` holds
+``FAKE_ENGINE_FAULT_SPEC`` (``none``: an engine without speculation), when those are set.
+
 As vLLM's server does, it answers ``/v1`` requests only with ``Authorization: Bearer KEY`` when
 ``VLLM_API_KEY`` is set (HTTP 401 otherwise); ``/health`` and ``/metrics`` are open.
 """
@@ -31,6 +36,72 @@ import time
 from pathlib import Path
 
 from aiohttp import web
+
+
+_CORE = "(EngineCore_DP0 pid=4242) ERROR 12-07 10:00:01 [core.py:866] "
+_CUDA_HINT = [
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+]
+_WRAPPED = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+
+FAULTS: dict[str, list[str]] = {
+    # CUDA_VISIBLE_DEVICES names a GPU the machine (or the container) does not have
+    "invalid device": [_CORE + "EngineCore failed to start.", _CORE + "Traceback (most recent call last):",
+                       _CORE + '  File ".../vllm/v1/worker/gpu_worker.py", line 213, in init_device',
+                       _CORE + "    torch.cuda.set_device(self.device)",
+                       _CORE + "torch.AcceleratorError: CUDA error: invalid device ordinal",
+                       *(_CORE + h for h in _CUDA_HINT), _WRAPPED],
+    "no gpus": [_CORE + "Traceback (most recent call last):", _CORE + "RuntimeError: No CUDA GPUs are available", _WRAPPED],
+    # another job holds a GPU in exclusive-process mode
+    "busy": [_CORE + "Traceback (most recent call last):",
+             _CORE + "torch.AcceleratorError: CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+             *(_CORE + h for h in _CUDA_HINT), _WRAPPED],
+    # a broken peer link between the group's GPUs, seen by NCCL at the first all-reduce
+    "nccl": ["(Worker_TP1 pid=4251) ERROR 12-07 10:00:01 [multiproc_executor.py:702] WorkerProc failed to start.",
+             "(Worker_TP1 pid=4251) ERROR 12-07 10:00:01 [multiproc_executor.py:702] torch.distributed.DistBackendError: "
+             "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system error "
+             "(run with NCCL_DEBUG=INFO for details), NCCL version 2.27.3",
+             "(Worker_TP1 pid=4251) ERROR 12-07 10:00:01 [multiproc_executor.py:702] ncclSystemError: System call "
+             "(e.g. socket, malloc) or external library call failed or device error. ",
+             "(Worker_TP1 pid=4251) ERROR 12-07 10:00:01 [multiproc_executor.py:702] Last error:",
+             "(Worker_TP1 pid=4251) ERROR 12-07 10:00:01 [multiproc_executor.py:702] Cuda failure 'peer access is not "
+             "supported between these two devices'", _WRAPPED],
+    "port": ["(APIServer pid=4200) Traceback (most recent call last):",
+             '(APIServer pid=4200)   File ".../vllm/entrypoints/openai/api_server.py", line 1620, in create_server_socket',
+             "(APIServer pid=4200)     sock.bind(addr)", "(APIServer pid=4200) OSError: [Errno 98] Address already in use"],
+    # the target is gated and no token is set (transformers' wrapping of the hub's GatedRepoError)
+    "gated": ["(APIServer pid=4200) Traceback (most recent call last):",
+              "(APIServer pid=4200) huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6754)",
+              "(APIServer pid=4200) Cannot access gated repo for url "
+              "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/config.json.",
+              "(APIServer pid=4200) Access to model meta-llama/Llama-3.1-8B-Instruct is restricted. You must have access "
+              "to it and be authenticated to access it. Please log in.",
+              "(APIServer pid=4200) OSError: You are trying to access a gated repo.",
+              "(APIServer pid=4200) Make sure to have access to it at https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct."],
+    # the configuration's own: a draft that does not fit beside the target
+    "oom": [_CORE + "Traceback (most recent call last):",
+            _CORE + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.96 GiB. GPU 0 has a total capacity "
+                    "of 79.19 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB "
+                    "memory in use.", _WRAPPED],
+}
+"""What a CUDA build of vLLM 0.32 prints when it cannot start, by failure: the last lines of its log."""
+
+
+def _faulty(argv: list[str]) -> list[str] | None:
+    """The lines of ``FAKE_ENGINE_FAULT`` where it applies to this engine (see the module docstring)."""
+    fault = os.environ.get("FAKE_ENGINE_FAULT")
+    if not fault:
+        return None
+    gpus = os.environ.get("FAKE_ENGINE_FAULT_GPUS")
+    if gpus is not None and os.environ.get("CUDA_VISIBLE_DEVICES") != gpus:
+        return None
+    if (spec := os.environ.get("FAKE_ENGINE_FAULT_SPEC")) is not None:
+        given = argv[argv.index("--speculative-config") + 1] if "--speculative-config" in argv else "none"
+        if spec not in given:
+            return None
+    return FAULTS[fault]
 
 
 def _record(update: dict[str, object]) -> None:
@@ -55,6 +126,10 @@ def main() -> None:
     token_seconds = float(os.environ.get("FAKE_ENGINE_TOKEN_MS", "5")) / 1000.0
     if args.behaviour == "fail":
         print(f"OSError: {args.model} does not appear to have a file named config.json", flush=True)
+        raise SystemExit(1)
+    if (lines := _faulty(sys.argv)) is not None:
+        _record({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ), "fault": os.environ["FAKE_ENGINE_FAULT"]})
+        print("\n".join(lines), flush=True)
         raise SystemExit(1)
     busy = int(os.environ.get("FAKE_ENGINE_BUSY_STARTS", "0"))
     if busy and (folder := os.environ.get("FAKE_ENGINE_RECORD")):

@@ -1,6 +1,7 @@
 """Inference engines: the only code that starts or talks to an engine process."""
 
 from spectune.engines._base import EngineServer
+from spectune.engines._faults import MEMORY_BUSY, slot_fault, summarize_failure
 from spectune.engines._platform import (
     ARCTIC_ENV,
     PIN_ENV,
@@ -17,14 +18,12 @@ from spectune.engines._platform import (
 )
 from spectune.engines._vllm import (
     DEFAULT_STARTUP_TIMEOUT,
-    MEMORY_BUSY,
     STOP_TIMEOUT,
     VLLMServer,
     applied_defaults,
     build_command,
     free_port,
     resolve_engine_args,
-    summarize_failure,
 )
 
 __all__ = [
@@ -47,6 +46,7 @@ __all__ = [
     "free_port",
     "method_refusal",
     "resolve_engine_args",
+    "slot_fault",
     "summarize_failure",
     "vllm_cli",
     "vllm_version",

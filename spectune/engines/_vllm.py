@@ -7,7 +7,6 @@ import ctypes
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -25,26 +24,14 @@ import httpx
 from spectune._util import is_loopback
 from spectune.config import API_KEY_ENV, EngineArgs, SpecConfig
 from spectune.engines._base import EngineServer
+from spectune.engines._faults import MEMORY_BUSY, slot_fault, summarize_failure
 from spectune.engines._guard import GUARD
 from spectune.engines._platform import Platform, cpu_binding, detect_platform
-from spectune.errors import EngineStartError, EngineTimeoutError
+from spectune.errors import EngineSlotError, EngineStartError, EngineTimeoutError
 
 _logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-_ERROR_LINE = re.compile(r"\b([A-Za-z_.]*(?:Error|Exception|Exit)): (.+)$")
-
-MEMORY_BUSY = re.compile(r"(?:Free|Available) memory on (?:device|node)\b.*\bis less than "
-                         r"(?:desired (?:GPU|CPU) memory utilization|the engine's budget)")
-"""vLLM's refusal to start when its device holds less free memory than ``gpu_memory_utilization``
-asks for: "Free memory on device (x/y GiB) on startup is less than desired GPU memory utilization"
-(``v1/worker/gpu_worker.py``, 0.9.1 to 0.13), "Free memory on device cuda:0 (...)" with the device
-named (``v1/worker/utils.py::request_memory``, 0.14 on), "... less than the engine's budget after
-excluding external process's weights" (0.32 on), and the CPU build's "Available memory on node 0
-... is less than desired CPU memory utilization". Checked before the model loads, so it says
-nothing about the configuration: most often the previous engine on these devices has not given
-its memory back yet."""
-
 STOP_TIMEOUT = 7.0
 """Seconds a stopped engine is given to exit after SIGTERM before its group is killed: an evicted
 worker (Kubernetes' SIGTERM) must have stopped its engine within 10 s; an engine holds nothing
@@ -140,11 +127,23 @@ def gpu_memory_of(smi: str, pids: set[int]) -> int:
     return total
 
 
+def _load_prctl() -> Any:  # noqa: ANN401 - a ctypes function
+    """libc's ``prctl``, loaded here in the parent: between fork and exec a child of a
+    multi-threaded process may not load a library (the loader's lock may be held by a thread
+    that does not exist in the child)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Ask the kernel to SIGTERM the engine when spectune dies (Linux), so no engine is orphaned."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class _ClientPin:
@@ -183,23 +182,6 @@ class _ClientPin:
 
 
 _CLIENT_PIN = _ClientPin()
-
-
-# Errors that only wrap the real cause ("see root cause above"): skipped when a cause is there.
-_WRAPPERS = ("root cause above", "initialization failed", "died unexpectedly", "EngineDeadError")
-
-
-def summarize_failure(log_lines: list[str]) -> str:
-    """One line out of an engine log: the last ``SomethingError: message`` that is a root cause
-    (not a wrapper such as "Engine core initialization failed"), else the last line."""
-    errors = [f"{m.group(1)}: {m.group(2)}" for line in log_lines if (m := _ERROR_LINE.search(line.strip()))]
-    causes = [e for e in errors if not any(w in e for w in _WRAPPERS)]
-    if causes or errors:
-        return (causes or errors)[-1][:400]
-    for line in reversed(log_lines):
-        if line.strip():
-            return line.strip()[:400]
-    return "the engine exited without a message"
 
 
 NOT_INHERITED = frozenset({"VLLM_PORT"})
@@ -249,7 +231,7 @@ class VLLMServer(EngineServer):
         self.stop_timeout = stop_timeout
         self.memory_waits = memory_waits
         """Seconds to wait before each new start while the devices' memory is not yet free
-        (:data:`MEMORY_BUSY`); the last refusal is the trial's failure."""
+        (:data:`MEMORY_BUSY`); the last refusal is the slot's fault (:class:`EngineSlotError`)."""
         _warn_if_exposed(self.args.host)
         self.port = port if port is not None else free_port(self.args.host)
         self.command = build_command(self.args, spec, self.port, self.platform)
@@ -391,12 +373,12 @@ class VLLMServer(EngineServer):
         with httpx.Client(timeout=2.0) as client:
             while True:
                 if self._proc.poll() is not None:
-                    raise EngineStartError(
-                        f"engine exited with code {self._proc.returncode} before it was healthy: "
-                        f"{self.failure_reason()}",
-                        log_tail=self.log_tail(),
-                        log_path=str(self.log_path),
-                    )
+                    reason = f"engine exited with code {self._proc.returncode} before it was healthy: " \
+                             f"{self.failure_reason()}"
+                    tail = self.log_tail(200)
+                    if cause := slot_fault(tail.splitlines(), self.spec.model):
+                        raise EngineSlotError(reason, cause=cause, log_tail=tail, log_path=str(self.log_path))
+                    raise EngineStartError(reason, log_tail=self.log_tail(), log_path=str(self.log_path))
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.base_url}/health").status_code == 200:
                         return
