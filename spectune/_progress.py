@@ -239,7 +239,7 @@ class StudyProgress:
             if (running := self._trials.pop(e.label, None)) is not None:
                 running.close(done=False)
             value = f" {e.values[0]:.4g}" if e.values else ""
-            color = {"COMPLETE": "green", "REUSED": "cyan", "FAIL": "red"}.get(e.state, "white")
+            color = {"COMPLETE": "green", "REUSED": "cyan", "FAIL": "red", "HANDED BACK": "yellow"}.get(e.state, "white")
             state = short_state(e.state) if self.narrow else e.state
             why = f": {escape(e.reason)}" if e.reason else ""
             self.console.print(

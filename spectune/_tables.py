@@ -79,7 +79,8 @@ def fitted_table(console: Console, title: str, columns: Sequence[Column], rows: 
 
 # -- spectune show -----------------------------------------------------------------------------
 
-_STATE = {"COMPLETE": "done", "FAIL": "fail", "RUNNING": "run", "WAITING": "wait", "PRUNED": "pruned"}
+_STATE = {"COMPLETE": "done", "FAIL": "fail", "RUNNING": "run", "WAITING": "wait", "PRUNED": "pruned",
+          "HANDED BACK": "back"}
 _METHOD = {"draft_model ": "draft ", "mlp_speculator ": "mlp ", "lookup=": ""}
 _OBJECTIVE = {"output_throughput": "tok/s", "tpot_median_ms": "TPOT ms", "tpot_p99_ms": "TPOT p99",
               "ttft_p99_ms": "TTFT p99", "e2el_median_ms": "E2E ms", "e2el_p99_ms": "E2E p99"}

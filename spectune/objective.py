@@ -2,7 +2,9 @@
 one), its figures as trial attributes and its Measurement in spectune's table.
 
 A failed engine is data: the trial's ``fail_reason`` and the table say why, and
-:class:`~spectune.errors.EngineError` is raised for the worker to tell Optuna FAIL. Ctrl-C or a
+:class:`~spectune.errors.EngineError` is raised for the worker to tell Optuna FAIL. An engine
+that failed for a reason of its slot (:class:`~spectune.errors.EngineSlotError`) says nothing
+about its candidate: the trial is marked handed back, measured again and not counted. Ctrl-C or a
 polite stop (SIGTERM) goes through as KeyboardInterrupt, for the worker to mark the trial
 ``interrupted`` (measured again later); a polite stop lands only while the engine runs, never
 while the result is recorded.
@@ -22,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from spectune._util import STOPS
 from spectune.answers import ANSWERS, AnswerRule, Fidelity, compare
-from spectune.errors import EngineError
+from spectune.errors import EngineError, EngineSlotError
 from spectune.measurement import relative_noise, spec_key, speedup
-from spectune.records import TrialRecord, write_fields, write_study_fields
+from spectune.records import TrialRecord, handed_back, write_fields, write_study_fields
 from spectune.storage import MeasurementStore, StorageGuard
 from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs
 
@@ -118,6 +120,11 @@ class TrialFunction:
                                  progress=phase_hook, repeats=cfg.repeats,
                                  answer_margins=cfg.answers is not AnswerRule.OFF)  # off: no answers to classify
             values = [o.of(m) for o in cfg.objectives]
+        except EngineSlotError as e:  # the slot's fault, not the candidate's: handed back, uncounted
+            reason = handed_back(e.cause, str(e))
+            self.guard.call(f"recording trial {trial.number}'s hand-back", lambda: write_fields(trial, fail_reason=reason))
+            self._end(number, of, name, "HANDED BACK", None, f"{e.cause}: {e}", trial=trial.number)
+            raise
         except EngineError as e:
             self.counts["failed"] += 1
 

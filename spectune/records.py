@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from spectune._util import StrictModel
 
 __all__ = [
+    "HANDED_BACK",
     "INTERRUPTED",
     "KNOBS_BY_SAMPLER",
     "RECHECK_BASELINE",
@@ -20,6 +21,8 @@ __all__ = [
     "Placement",
     "StudyRecord",
     "TrialRecord",
+    "handed_back",
+    "not_the_candidates",
     "write_fields",
     "write_study_fields",
 ]
@@ -30,6 +33,21 @@ RECORD_VERSION = 1
 
 INTERRUPTED = "interrupted"
 """``fail_reason`` of a trial stopped by Ctrl-C: measured again, not counted as finished."""
+
+HANDED_BACK = "handed back"
+"""Start of the ``fail_reason`` of a trial whose engine failed for a reason of its slot, not of
+its candidate (``handed back (devices): ...``): measured again, not counted as finished."""
+
+
+def handed_back(cause: str, reason: str) -> str:
+    """The ``fail_reason`` of a trial handed back for its slot's fault ``cause``."""
+    return f"{HANDED_BACK} ({cause}): {reason}"
+
+
+def not_the_candidates(fail_reason: str | None) -> bool:
+    """Whether a trial that failed with ``fail_reason`` says nothing about its candidate:
+    interrupted, or handed back for its slot's fault (both are measured again)."""
+    return fail_reason is not None and (fail_reason == INTERRUPTED or fail_reason.startswith(f"{HANDED_BACK} ("))
 
 RECHECK_SURPRISE = "outside its predicted interval"
 """Why guided search measured a configuration again: its measurement fell outside its prediction."""
@@ -168,7 +186,8 @@ class TrialRecord(BaseModel):
 
     @property
     def interrupted(self) -> bool:
-        return self.fail_reason == INTERRUPTED
+        """Stopped by Ctrl-C, or handed back for its slot's fault: measured again, not counted."""
+        return not_the_candidates(self.fail_reason)
 
     def guide(self) -> TrialRecord:
         """Its prediction alone (a guided pick measured again keeps it)."""

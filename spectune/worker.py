@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from spectune._util import STOPS, Stopped, every
 from spectune.config import candidate_label
-from spectune.errors import ConfigError, EngineError, StorageUnreachableError
+from spectune.errors import BaselineFailedError, ConfigError, EngineError, EngineSlotError, SlotsLostError, StorageUnreachableError
 from spectune.measurement import candidate_key
 from spectune.objective import TrialFunction, trial_id
 from spectune.records import (
@@ -100,6 +100,10 @@ GPU_ENV = "CUDA_VISIBLE_DEVICES"
 POLL_SECONDS = 5
 """How often a waiting worker looks at the study again (at most the heartbeat interval)."""
 
+SLOT_FAULTS_OUT = 2
+"""A slot whose engines fail this many times in a row for reasons of the slot
+(:class:`~spectune.errors.EngineSlotError`) is taken out of the study."""
+
 HOLD_OFF_BEATS = 2
 """After an outage, a worker judges no trial stale until the storage has answered for this many
 heartbeat intervals: every live worker has beaten again by then."""
@@ -115,6 +119,13 @@ class Slot:
     @property
     def label(self) -> str | None:
         return ",".join(map(str, self.gpus)) if self.gpus is not None else None
+
+    @property
+    def name(self) -> str:
+        """The slot as a person names it: ``GPU 2``, ``GPUs 2,3``, or ``the worker's engine slot``."""
+        if self.gpus is None:
+            return "the worker's engine slot"
+        return f"GPU{'s' if len(self.gpus) > 1 else ''} {self.label}"
 
     def place(self, engine: EngineArgs) -> EngineArgs:
         """The study's engine arguments on this slot: its GPUs as ``CUDA_VISIBLE_DEVICES``, and
@@ -234,6 +245,8 @@ class _Worker:
         self.host = socket.gethostname()
         self.handed_back: list[int] = []
         """Trials told FAIL as interrupted by a polite stop, for another worker to measure."""
+        self.lost: dict[Slot, str] = {}
+        """Slots taken out of the study, each with the last of its faults (:data:`SLOT_FAULTS_OUT`)."""
 
     def _fail_stale(self) -> None:
         """Fail the RUNNING trials whose heartbeat stopped (Optuna queues each again), unless the
@@ -330,7 +343,7 @@ class _Worker:
             raise
 
     def _loop(self, slot: Slot) -> None:
-        attempts = 0
+        attempts, faults = 0, 0
         limit = MAX_ATTEMPTS_PER_TRIAL * self.ctx.config.trials
         waited_on: tuple[tuple[int, str], ...] | None = None
         study = self.ctx.study
@@ -344,6 +357,8 @@ class _Worker:
                 continue
             claimed = self.claim(slot)
             if isinstance(claimed, Stop):
+                if claimed.failed:
+                    raise BaselineFailedError(claimed.why)
                 _logger.info("worker stops: %s", claimed.why)
                 return
             if isinstance(claimed, Wait):
@@ -353,7 +368,14 @@ class _Worker:
                 continue
             waited_on = None
             attempts += 1
-            self.measure(claimed, slot)
+            fault = self.measure(claimed, slot)
+            faults = faults + 1 if fault is not None else 0
+            if faults >= SLOT_FAULTS_OUT:
+                self.lost[slot] = str(fault)
+                _logger.warning("%s is taken out of the study: %d engines in a row failed for reasons of the slot, "
+                                "not of their configurations (%s: %s); its trials go to other slots and workers",
+                                slot.name, faults, fault.cause if fault else "", fault)
+                return
         _logger.warning("worker stops after %d trials: the sampler keeps suggesting measured candidates", attempts)
 
     def pause(self) -> None:
@@ -361,9 +383,10 @@ class _Worker:
         with STOPS.waiting():
             time.sleep(self.poll)
 
-    def measure(self, claimed: _Claim, slot: Slot) -> None:
+    def measure(self, claimed: _Claim, slot: Slot) -> EngineSlotError | None:
         """Run the trial with its heartbeat and tell Optuna how it ended; KeyboardInterrupt and
         other errors are told as FAIL, then go on up (a polite stop's trial: :attr:`handed_back`).
+        An engine that failed for a reason of the slot is returned (its trial handed back).
         While the storage is unreachable the tell is tried again (:attr:`guard`); a trial another
         worker failed as stale meanwhile is left to the retry Optuna queued for it."""
         import optuna
@@ -374,21 +397,22 @@ class _Worker:
             try:
                 engine = self.ctx.engine.model_copy(update=claimed.knobs) if claimed.knobs else self.ctx.engine
                 values = self.run(trial, claimed.spec, claimed.progress, engine=slot.place(engine))
-            except EngineError:  # data: recorded by the trial function
+            except EngineError as e:  # data, or the slot's fault: recorded by the trial function
                 self.guard.call(f"telling trial {trial.number}",
                                 lambda: study.tell(trial, state=FAIL, skip_if_finished=True))
-                return
+                return e if isinstance(e, EngineSlotError) else None
             except optuna.exceptions.UpdateFinishedTrialError:
                 _logger.warning("trial %d was failed as stale by another worker while this one could not reach "
                                 "the storage (longer than the grace period, %d s): its result is dropped, and the "
                                 "trial is measured again", trial.number, self.ctx.config.grace_period)
-                return
+                return None
             except BaseException as e:
                 if self._hand_back(trial) and isinstance(e, Stopped) and self.guard.gave_up is None:
                     self.handed_back.append(trial.number)
                 raise
         self.guard.call(f"telling trial {trial.number}",
                         lambda: study.tell(trial, values if len(values) > 1 else values[0], skip_if_finished=True))
+        return None
 
     def _hand_back(self, trial: optuna.Trial) -> bool:
         """Tell an interrupted trial FAIL as ``interrupted`` (measured again first), trying the
@@ -547,6 +571,10 @@ def run_worker(
         except Stopped:
             if not stopped:  # a Stopped no signal of ours asked for: not a polite stop
                 raise
+        if len(worker.lost) == len(slots):
+            raise SlotsLostError(f"this worker stops: every slot failed {SLOT_FAULTS_OUT} times in a row for "
+                                 f"reasons of its own, not of the configurations ({next(iter(worker.lost.values()))});"
+                                 " their trials are handed back to the study")
     study = ctx.study
 
     def standing() -> tuple[list[int], int]:

@@ -84,9 +84,11 @@ class Wait:
 
 @dataclass(frozen=True)
 class Stop:
-    """The study needs no more trials: the search and its confirmations are done."""
+    """The study needs no more trials: the search and its confirmations are done, or (``failed``)
+    it cannot go on (its baseline failed)."""
 
     why: str
+    failed: bool = False
 
 
 Decision = Run | Wait | Stop

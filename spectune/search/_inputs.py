@@ -16,7 +16,7 @@ from spectune.predict import (
     TrainingTrial,
     mean_over_engines,
 )
-from spectune.records import StudyRecord
+from spectune.records import StudyRecord, not_the_candidates
 from spectune.results import StudyView, engine_spread
 from spectune.space import SearchSpace, load_space
 from spectune.storage import MeasurementStore, open_optuna_storage
@@ -67,7 +67,8 @@ def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftRe
     record = StudyRecord.of(view.study)
     space = space if space is not None else study_space(view)
     done = {spec_key(r.spec) for r in view.rows  # at any engine knobs: the models predict the spec
-            if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason not in (None, "interrupted"))}
+            if r.state == "COMPLETE" or (r.state == "FAIL" and r.fail_reason is not None
+                                                 and not not_the_candidates(r.fail_reason))}
     base_row = view.baseline()
     if base_row is None:
         raise ConfigError(f"study {view.name} has no completed baseline trial to predict from")

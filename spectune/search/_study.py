@@ -247,8 +247,12 @@ class StudyStrategy(SearchStrategy):
         params = self.space.params_of(SpecConfig())
         mine = [t for t in trials if params_key(self.space.spec_params(t.params)) == params_key(params)
                 and t.rec.imported is None]  # measured here: predictions replay its outputs
-        if any(t.state != "FAIL" or t.engine_failed for t in mine):
-            return None  # measured, running, or failed by its engine (data: the search goes on)
+        if any(t.state != "FAIL" for t in mine):
+            return None  # measured or running
+        if failed := [t for t in mine if t.engine_failed]:  # its own configuration: nothing to compare with
+            why = f"the baseline (no speculation) failed, so no candidate can be compared: {failed[-1].rec.fail_reason}"
+            write_study_fields(study, stopped=why)
+            return Stop(why, failed=True)
         retried = {t.rec.retry_of for t in trials}
         interrupted = [t.number for t in mine if t.rec.interrupted and t.number not in retried]
         return Run({**params, **self.space.engine_params_of(self.space.default_knobs())},

@@ -72,28 +72,31 @@ def _on_window(action):  # noqa: ANN001, ANN202
 # -- engine fails to start -------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_engine_start_faults_fail_their_trial_and_the_study_goes_on(tiny_models, repetitive_prompts: Path,
-                                                                     tmp_path: Path) -> None:
-    """A bad model path, a port already taken, a KV cache too small and one larger than the
-    machine's memory: each trial is FAIL with the engine's reason; the next trial runs."""
+def test_engine_start_faults_are_the_candidates_or_the_slots_and_the_study_goes_on(tiny_models, repetitive_prompts: Path,
+                                                                                   tmp_path: Path) -> None:
+    """Real engines failing to start: a target the engine cannot read and a port already taken
+    are the slot's faults (handed back, measured again, not counted); a KV cache too small and
+    one larger than the machine's memory are the candidate's (FAIL with the engine's reason)."""
     from spectune.worker import run_study
 
-    space = ("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [1, 2, 3, 4]\n"
+    space = ("methods:\n  none: {}\n  ngram:\n    num_speculative_tokens: [1, 2, 3]\n"
              "    prompt_lookup_max: 3\n    prompt_lookup_min: 1\n")
-    cfg = study_config(tmp_path, tiny_models.target, repetitive_prompts, space, "faults", trials=5)
+    cfg = study_config(tmp_path, tiny_models.target, repetitive_prompts, space, "faults", trials=4)
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()
     faults = [  # (engine-argument changes, measure's keyword changes, words one of which the reason has)
-        ({"model": str(tmp_path / "no-such-model")}, {}, ["no-such-model"]),
-        ({}, {"server_factory": functools.partial(VLLMServer, port=taken.getsockname()[1])}, ["in use"]),
+        ({"model": str(tmp_path / "no-such-model")}, {}, ["handed back (model access)", "no-such-model"]),
         ({"kv_cache_memory_bytes": 4096}, {}, ["memory", "cache"]),
+        ({}, {"server_factory": functools.partial(VLLMServer, port=taken.getsockname()[1])},
+         ["handed back (port)", "in use"]),
         ({"kv_cache_memory_bytes": 2**42}, {}, ["memory"]),  # 4 TiB on a machine of a few dozen GiB
     ]
     servers: list[VLLMServer] = []
+    candidates = iter(faults)
 
     def faulty(engine, spec, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        changes, extra = faults[len(servers)][:2] if len(servers) < len(faults) else ({}, {})
+        changes, extra, _ = ({}, {}, []) if spec.is_baseline else next(candidates, ({}, {}, []))
         factory = extra.get("server_factory", VLLMServer)
 
         def keep(*a, **kw):  # noqa: ANN002, ANN003, ANN202
@@ -107,15 +110,38 @@ def test_engine_start_faults_fail_their_trial_and_the_study_goes_on(tiny_models,
     finally:
         taken.close()
     trials = optuna.load_study(study_name="faults", storage=cfg.storage).trials
-    assert [t.state.name for t in trials] == ["FAIL"] * 4 + ["COMPLETE"]
-    assert result.failed == 4 and result.measured == 1
-    for t, (_, _, words) in zip(trials, faults, strict=False):
+    assert [t.state.name for t in trials] == ["COMPLETE"] + ["FAIL"] * 4 + ["COMPLETE"]
+    assert result.failed == 2 and result.measured == 2 and result.finished == 4
+    for t, (_, _, words) in zip(trials[1:], faults, strict=True):
         reason = t.user_attrs["fail_reason"].lower()
-        assert any(w in reason for w in words), reason
-    assert all(not s.is_running() for s in servers) and len(servers) == 5
-    for s in servers[:4]:
+        slot = words[0].startswith("handed back")  # the slot's: said so, with the engine's reason
+        assert (all(w in reason for w in words) if slot else any(w in reason for w in words)), reason
+        assert slot == (not reason.startswith("engine")), reason
+    assert [t.user_attrs.get("retry_of") for t in trials] == [None, None, 1, None, 3, None]  # handed back: again
+    assert all(not s.is_running() for s in servers) and len(servers) == 6
+    for s in servers[1:5]:
         assert Path(s.log_path).is_file()
     assert not psutil.Process().children(recursive=True)
+
+
+def test_the_engines_child_loads_no_library_between_fork_and_exec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forked child of a multi-threaded process may deadlock in the loader: libc's prctl is
+    loaded before the fork, and the child (which would leave a mark here) loads nothing."""
+    import ctypes
+
+    loaded = tmp_path / "loaded"
+    original = ctypes.CDLL
+
+    def marking(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        loaded.write_text(str(os.getpid()))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ctypes, "CDLL", marking)
+    monkeypatch.setenv("FAKE_ENGINE_BEHAVIOUR", "serve")
+    with VLLMServer(tiny_engine_args("m"), SpecConfig(), log_path=tmp_path / "e.log", platform=FAKE,
+                    startup_timeout=60) as server:
+        assert server.is_running()
+    assert not loaded.exists(), f"process {loaded.read_text()} loaded a library"
 
 
 # -- engine crashes or hangs mid-run -----------------------------------------------------------

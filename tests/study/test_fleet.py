@@ -278,7 +278,7 @@ def test_three_workers_one_killed_mid_trial_the_study_completes_and_nothing_is_l
 def test_an_engine_refused_for_memory_not_yet_free_is_started_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     busy: int, starts: bool) -> None:
     from spectune.config import EngineArgs, SpecConfig
-    from spectune.errors import EngineStartError
+    from spectune.errors import EngineSlotError
 
     _fake_engines(tmp_path, monkeypatch)
     monkeypatch.setenv("FAKE_ENGINE_BUSY_STARTS", str(busy))
@@ -288,8 +288,9 @@ def test_an_engine_refused_for_memory_not_yet_free_is_started_again(tmp_path: Pa
         with server:
             assert server.is_running()
     else:
-        with pytest.raises(EngineStartError, match="less than desired GPU memory utilization"), server:
+        with pytest.raises(EngineSlotError, match="less than desired GPU memory utilization") as caught, server:
             pass
+        assert caught.value.cause == "memory held by another process"  # the slot's fault: its trial is handed back
     assert not server.is_running()
     log = (tmp_path / "e.log").read_text()
     assert log.count("# spectune:") == min(busy + 1, 3)  # each start in the one log
