@@ -84,7 +84,7 @@ NGRAM_FAMILY = frozenset({Method.NGRAM, Method("ngram_gpu")})
 # Methods that propose from the text alone and take no model.
 _MODEL_FREE = {*NGRAM_FAMILY, Method.SUFFIX}
 # Methods whose k cannot be read from the proposer's own config and must be given.
-NEEDS_K = {Method.NGRAM, Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3}
+NEEDS_K = {*NGRAM_FAMILY, Method.DRAFT_MODEL, Method.EAGLE, Method.EAGLE3}
 
 _RECORDED_KEY = "spectune_recorded"
 RECORDED = MappingProxyType({_RECORDED_KEY: True})

@@ -34,7 +34,7 @@ from pydantic import Field, field_validator
 from spectune._util import StrictModel, load_yaml_file, validate
 from spectune.answers import AnswerRule
 from spectune.config import EngineArgs, Method, Prompt, WorkloadSpec
-from spectune.engines import DEFAULT_STARTUP_TIMEOUT, method_refusal
+from spectune.engines import DEFAULT_STARTUP_TIMEOUT, detect_platform, method_refusal
 from spectune.errors import ConfigError
 from spectune.measurement import SLO, Objective
 from spectune.records import StudyRecord, write_study_fields
@@ -374,7 +374,8 @@ def resolved_space(config: StudyConfig) -> SearchSpace:
     for head in found:
         _logger.info("found the EAGLE-3 head %s built for the target; spaces with ${draft} search it", head)
     drafts = given + found
-    return route_drafts(load_space(config.space).resolve(config.target, draft=drafts), drafts)
+    space = load_space(config.space).for_platform(detect_platform().name)
+    return route_drafts(space.resolve(config.target, draft=drafts), drafts)
 
 
 def create_study(config: StudyConfig, plan: StudyPlan | None = None) -> StudyContext:

@@ -26,6 +26,7 @@ GPU = Platform(name="gpu", serve_command=("vllm", "serve"))
         ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
          "prompt_lookup_min (4) > prompt_lookup_max (2)"),
         ('{"method": "ngram"}', "needs num_speculative_tokens"),
+        ('{"method": "ngram_gpu", "prompt_lookup_max": 3}', "needs num_speculative_tokens"),
         ('{"method": "telepathy", "num_speculative_tokens": 2}', "method"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "k": 3}', "k: unknown key"),
         ('{"method": "suffix", "prompt_lookup_max": 3}', "applies to methods ngram and ngram_gpu only"),

@@ -73,7 +73,7 @@ def _config(folder: Path) -> dict | None:
 def route_drafts(space: Any, drafts: list[str]) -> Any:
     """``space`` (resolved with ``drafts`` for ``${draft}``) with each of ``drafts`` kept only
     under the method it serves (:func:`draft_method`); a method left without models is dropped,
-    with an INFO line. Models a space names itself are left alone.
+    with a WARNING line (the CLI's level). Models a space names itself are left alone.
 
     Raises:
         ConfigError: no method but the baseline is left where the space had others.
@@ -88,7 +88,7 @@ def route_drafts(space: Any, drafts: list[str]) -> Any:
             continue
         models = [m for m in part.models if m not in given or draft_method(m) == method.value]
         if not models:
-            logger.info("search space: method %s left out: no draft given is for it (%s)", method,
+            logger.warning("search space: method %s left out: no draft given is for it (%s)", method,
                         ", ".join(f"{m}: {draft_method(m)}" for m in part.models))
             continue
         methods[method] = part.model_copy(update={"models": models})

@@ -64,6 +64,10 @@ class MethodSpace(StrictModel):
         default_factory=list,
         description="Python modules the method needs; without them the method is dropped.",
     )
+    platforms: list[Literal["cpu", "gpu"]] = Field(
+        default_factory=list,
+        description="The engine platforms the method runs on (cpu, gpu); on another it is dropped. Empty: any.",
+    )
     models: list[str] | None = Field(
         default=None, description="Draft models or heads: local paths, hub names or placeholders."
     )

@@ -188,6 +188,18 @@ class SearchSpace(StrictModel):
             )
         return self.model_copy(update={"methods": methods})
 
+    def for_platform(self, platform: str) -> SearchSpace:
+        """A copy without the methods whose ``platforms`` leave out ``platform`` (``cpu``,
+        ``gpu``; each dropped with an INFO line: vLLM there would not run it)."""
+        methods = {}
+        for method, space in self.methods.items():
+            if space.platforms and platform not in space.platforms:
+                logger.info("search space: method %s left out: it runs on %s engines, and this one is %s", method,
+                               " and ".join(space.platforms), platform)
+                continue
+            methods[method] = space
+        return self if len(methods) == len(self.methods) else self.model_copy(update={"methods": methods})
+
     def _expand(self, entry: str, target: str, drafts: list[str], where: str) -> list[str]:
         needs_draft = any(m.group(1) == "draft" for m in PLACEHOLDER.finditer(entry))
         if needs_draft and not drafts:

@@ -45,6 +45,21 @@ def test_default_space_without_a_draft_drops_the_draft_method(caplog: pytest.Log
     assert "draft_model left out" in caplog.text
 
 
+@pytest.mark.parametrize("name", ["default", "ngram", "serving"])
+def test_gpu_engines_search_ngram_on_the_gpu_too_and_cpu_engines_leave_it_out(name: str,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    space = load_space(name)
+    on_gpu = space.for_platform("gpu").resolve("t", draft="d")
+    assert {Method.NGRAM, Method("ngram_gpu")} <= set(on_gpu.methods)
+    gpu_lookups = [s for s in on_gpu.enumerate() if s.method == Method("ngram_gpu")]
+    assert gpu_lookups and all(s.num_speculative_tokens and s.prompt_lookup_max for s in gpu_lookups)
+    with caplog.at_level(logging.INFO, logger="spectune.space"):
+        on_cpu = space.for_platform("cpu")
+    assert Method("ngram_gpu") not in on_cpu.methods and Method.NGRAM in on_cpu.methods
+    assert "method ngram_gpu left out: it runs on gpu engines, and this one is cpu" in caplog.text
+    assert space.for_platform("gpu") is space  # nothing to leave out: the same space
+
+
 def test_a_draft_only_space_without_a_draft_is_an_error() -> None:
     with pytest.raises(ConfigError, match=r"draft\.yaml: no method but the baseline left: draft_model"):
         load_space("draft").resolve("org/target")
