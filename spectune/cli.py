@@ -344,13 +344,14 @@ def export(
     schedule: Annotated[bool, typer.Option(help="Add num_speculative_tokens_per_batch_size, a k per batch size from the cost model.")] = False,
     max_batch: Annotated[int, typer.Option(min=1, help="Largest batch size the schedule covers (vLLM's max_num_seqs).")] = 256,
     trial: Annotated[Optional[int], typer.Option(min=0, help="Export this trial's configuration instead of the study's choice.")] = None,
+    target: Annotated[Optional[str], typer.Option("--for", help="Where the file will be served: gpu or cpu (default: where it was measured). On another platform, the settings chosen for the measuring one alone are left out.")] = None,
 ) -> None:
     """Write the best feasible configuration as a vllm serve --config YAML, with provenance."""
     from spectune.export import export_best
     from spectune.results import open_study
 
     result = export_best(open_study(storage, study), output, schedule_max_batch=max_batch if schedule else None,
-                         trial=trial)
+                         trial=trial, target=target)
     typer.echo(f"wrote {result.path} ({result.choice.row.label}): {result.choice.reason}")
     typer.echo(f"provenance: {result.provenance_path}")
 

@@ -26,7 +26,7 @@ from spectune.storage import safe_url
 if TYPE_CHECKING:
     from spectune.measurement import Measurement
 
-__all__ = ["ExportResult", "batch_schedule", "export_best", "vllm_config"]
+__all__ = ["PLATFORMS", "ExportResult", "batch_schedule", "export_best", "serve_env", "vllm_config"]
 
 
 @dataclass(frozen=True)
@@ -160,8 +160,12 @@ def _mix_proposer(view: StudyView, m: Measurement) -> TrialRow | None:
     return max(speculative, key=lambda c: sign * c.value).row if speculative else None
 
 
+PLATFORMS = ("cpu", "gpu")
+"""What ``export --for`` takes: the platform the exported file will be served on."""
+
+
 def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | None = None,
-                trial: int | None = None) -> ExportResult:
+                trial: int | None = None, target: str | None = None) -> ExportResult:
     """Write the best feasible configuration of ``view`` (or the baseline, saying why) to ``path``.
 
     With ``schedule_max_batch``, a speculative choice also gets vLLM's
@@ -171,23 +175,47 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
     some batch size: no static ``k`` pays at every level, yet one may at the quiet ones.
 
     ``trial``: that trial's configuration instead of the study's choice (:meth:`StudyView.choice_of`),
-    its decision line saying so.
+    its decision line saying so. ``target``: the platform the file is for (``cpu``, ``gpu``;
+    default: the one measured on); on another, the settings spectune chose for the measuring
+    platform alone (``enforce-eager``, ``kv-cache-memory-bytes``, a CPU's dtype) are left out.
+    The engine's environment, where the configuration needs one, is written beside the file
+    (:func:`_write_env`).
 
     Raises:
-        ConfigError: no configuration to choose, or ``path`` is a folder or cannot be written
-            (an earlier export there is left as it was).
+        ConfigError: no configuration to choose, an unknown ``target``, or ``path`` is a folder or
+            cannot be written (an earlier export there is left as it was).
     """
     path = Path(path)
     if not path.name or path.is_dir():
         raise ConfigError(f"{path}: is a folder; give the file to write, e.g. best.yaml")
+    if target is not None and target not in PLATFORMS:
+        raise ConfigError(f"--for {target!r}: expected one of {', '.join(PLATFORMS)}")
     choice = view.best() if trial is None else view.choice_of(trial)
     row = choice.row
     m = view.store.measurement(row.trial_id)
     base_m = view.store.measurement(choice.baseline.trial_id)
     if m is None or base_m is None:
         raise StorageError(f"study {view.name}: trial {row.number} has no stored measurement in spectune_trials")
-    engine = m.engine.model_dump(exclude={"host", "env"})
-    config = vllm_config(engine, m.engine.model, row.spec)
+    config, schedule = _configured(view, choice, m, base_m, schedule_max_batch)
+    measured_on = m.hardware.platform
+    target = target or measured_on
+    left_out = [] if target == measured_on else _measuring_platform_only(config, m)
+    env = serve_env(m)
+    header = _header(view, choice, m, path, schedule, target, left_out, env)
+    text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(config, sort_keys=False)
+    provenance = {**_provenance(view, choice, m, config, schedule), "for": target,
+                  "left_out_for_target": left_out or None, "engine_env": env or None}
+    _write_pair(path, text, provenance)
+    if env:
+        _write_env(path, env)
+    return ExportResult(path=path, provenance_path=_provenance_path(path), choice=choice, config=config)
+
+
+def _configured(view: StudyView, choice: Choice, m: Measurement, base_m: Measurement,
+                schedule_max_batch: int | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The vLLM mapping of ``choice`` and its batch schedule (None: not asked for, or none pays)."""
+    row = choice.row
+    config = vllm_config(m.engine.model_dump(exclude={"host", "env"}), m.engine.model, row.spec)
     schedule = None
     source = None if schedule_max_batch is None else row if not choice.is_baseline else _mix_proposer(view, m)
     if schedule_max_batch is not None and source is not None:
@@ -212,9 +240,47 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         spec_cfg["num_speculative_tokens_per_batch_size"] = ranges
         if "num_speculative_tokens" in spec_cfg and (top := max(k for _, _, k in ranges)) > 0:
             spec_cfg["num_speculative_tokens"] = top  # vLLM's upper limit: the schedule's largest k
-    chosen, baseline = _engine_records(view, row), _engine_records(view, choice.baseline)
-    objective = view.objectives[0]
-    header = [
+    return config, schedule
+
+
+def _measuring_platform_only(config: dict[str, Any], m: Measurement) -> list[str]:
+    """Remove from ``config`` the options spectune set for the platform ``m`` was measured on
+    (:attr:`Measurement.engine_defaults`: not the user's, not tuned); their option names."""
+    names = [key.replace("_", "-") for key in m.engine_defaults]
+    return [name for name in names if config.pop(name, None) is not None]
+
+
+def serve_env(m: Measurement) -> dict[str, str]:
+    """The environment the measured engine had from its configuration (the space's or study's
+    ``engine: env:``), less where it ran (``CUDA_VISIBLE_DEVICES``): what serving it needs too."""
+    from spectune.study import PLACEMENT_ENV
+
+    return {k: v for k, v in m.engine.env.items() if k not in PLACEMENT_ENV}
+
+
+def _env_paths(path: Path) -> tuple[Path, Path]:
+    return path.with_name(path.stem + ".env"), path.with_name(path.stem + ".k8s-env.yaml")
+
+
+def _write_env(path: Path, env: dict[str, str]) -> None:
+    """``<name>.env`` (``KEY=VALUE`` lines, for ``env $(cat best.env) vllm serve --config best.yaml``
+    or a systemd ``EnvironmentFile``) and ``<name>.k8s-env.yaml`` (a container's ``env:`` list)."""
+    import shlex
+
+    plain, k8s = _env_paths(path)
+    try:
+        atomic_write_text(plain, "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
+        atomic_write_text(k8s, yaml.safe_dump([{"name": k, "value": v} for k, v in env.items()], sort_keys=False))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{plain}: cannot write the engine's environment: {getattr(e, 'strerror', None) or e}") from e
+
+
+def _header(view: StudyView, choice: Choice, m: Measurement, path: Path, schedule: dict[str, Any] | None,
+            target: str, left_out: list[str], env: dict[str, str]) -> list[str]:
+    """The comment lines above the YAML: what was chosen, why, and how it was measured."""
+    row, objective = choice.row, view.objectives[0]
+    plain, k8s = _env_paths(path)
+    return [
         f"vllm serve --config {path.name}   (written by spectune)",
         f"study {view.name!r}, trial {row.number}: {row.label}",
         f"{objective} = {choice.value:.4g}" + (f", {choice.speedup:.3f}x the baseline" if choice.speedup else "")
@@ -227,7 +293,12 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
            if m.workload.is_mix else f"concurrency {m.concurrency}"),
         f"measured with vLLM {m.versions.vllm}, torch {m.versions.torch}, spectune {m.versions.spectune} "
         f"on {m.hardware.platform}: {m.hardware.cpu}" + (f", {', '.join(m.hardware.gpus)}" if m.hardware.gpus else ""),
-        *(f"{key} set by spectune for this platform, {why}" for key, why in m.engine_defaults.items()),
+        *([f"for {target}: left out {', '.join(left_out)}, set by spectune for the {m.hardware.platform} it was "
+           f"measured on"] if left_out else
+          (f"{key} set by spectune for this platform, {why}" for key, why in m.engine_defaults.items())),
+        *([f"engine environment {' '.join(f'{k}={v}' for k, v in env.items())}: in {plain.name} "
+           f"(env $(cat {plain.name}) vllm serve --config {path.name}) and {k8s.name} (a container's env:)"]
+          if env else []),
         *([f"no static configuration beats the baseline over the mix; the schedule of trial "
            f"{schedule['over_baseline_from_trial']}'s proposer speculates where its levels measured a gain"]
           if schedule and "over_baseline_from_trial" in schedule else []),
@@ -236,8 +307,14 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
            f"; num_speculative_tokens is its largest k"] if schedule else []),
         f"full record: {_provenance_path(path).name}",
     ]
-    text = "".join(f"# {line}\n" for line in header) + yaml.safe_dump(config, sort_keys=False)
-    provenance = {
+
+
+def _provenance(view: StudyView, choice: Choice, m: Measurement, config: dict[str, Any],
+                schedule: dict[str, Any] | None) -> dict[str, Any]:
+    """The full record written beside the export (``<name>.provenance.json``)."""
+    row = choice.row
+    chosen, baseline = _engine_records(view, row), _engine_records(view, choice.baseline)
+    return {
         "study": view.name,
         "storage": safe_url(view.url),
         "trial": row.number,
@@ -247,8 +324,8 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         "noise_band": choice.noise_band,
         "band_kind": choice.band_kind,
         "engine_spread": choice.engine_spread,
-        "answers": {"rule": rule.value if (rule := view.answer_rule) is not None else None, "line": answers,
-                    "fidelity": row.fidelity},
+        "answers": {"rule": rule.value if (rule := view.answer_rule) is not None else None,
+                    "line": answers_line(view, choice), "fidelity": row.fidelity},
         "objectives": _mean_objectives(view.objectives, chosen),
         "speedup": choice.speedup,
         "engines": {"value": choice.value, "each": choice.engines, "baseline_each": choice.baseline_engines},
@@ -266,6 +343,10 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
         "levels": [dataclasses.asdict(lv) for lv in levels] if (levels := view.levels(choice)) else None,
         "space_edges": edge_notes(view) or None,  # ranges widened past an edge, or what lies past one
     }
+
+
+def _write_pair(path: Path, text: str, provenance: dict[str, Any]) -> None:
+    """Write the provenance, then the file: a failure leaves the earlier pair, or neither."""
     prov = _provenance_path(path)
     try:
         earlier = prov.read_text() if prov.is_file() else None  # put back should best.yaml fail
@@ -283,4 +364,3 @@ def export_best(view: StudyView, path: Path | str, *, schedule_max_batch: int | 
             except OSError:
                 prov.unlink(missing_ok=True)
         raise ConfigError(f"{path}: cannot write the export: {getattr(e, 'strerror', None) or e}") from e
-    return ExportResult(path=path, provenance_path=prov, choice=choice, config=config)
