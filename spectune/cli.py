@@ -151,7 +151,8 @@ def optimize(
     tolerance: Annotated[Optional[float], typer.Option(min=0.0, max=0.99, help="Guided search stops once no candidate has more than a 5 % chance of beating the pick by more than this (0.05: 5 %). Default: the larger of 2 % and the measured spread between engine starts.")] = None,
     max_memory: Annotated[Optional[str], typer.Option(help="A configuration whose engine takes more memory is infeasible: 70GiB (GPU memory on GPUs, resident memory on a CPU).")] = None,
     min_kv_cache_tokens: Annotated[Optional[int], typer.Option(min=1, help="A configuration whose KV cache holds fewer tokens is infeasible.")] = None,
-    gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair).")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 (one GPU each) or 0-1,2-3 (tensor parallel over each pair), numbered within the GPUs this process was given (CUDA_VISIBLE_DEVICES).")] = None,
+    mixed_gpus: Annotated[bool, typer.Option("--mixed-gpus", help="Let slots on other GPU models share the study (their trials compare less well).")] = False,
     create_only: Annotated[bool, typer.Option("--create-only", help="Create the study in the storage and exit; spectune worker measures it.")] = False,
     storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
     concurrency: Annotated[Optional[str], typer.Option(help="Requests in flight: 8, or a load mix 1,4,16 whose levels each trial measures on its engine (the objective weighs them). With --request-rate: the most in flight.")] = None,
@@ -195,14 +196,15 @@ def optimize(
             typer.echo(f"created study {ctx.study.study_name} in {safe_url(ctx.url)}: {cfg.trials} trials; "
                        f"spectune worker --storage URL --study {ctx.study.study_name} measures it")
             return
-        _work(ctx, slots)
+        _work(ctx, slots, mixed_gpus)
 
 
 @app.command()
 def worker(
     study: Annotated[str, typer.Option(help="Name of the study to work on (created by optimize).")],
     storage: Annotated[Optional[str], typer.Option(help=STORAGE_HELP)] = None,
-    gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 or 0-1,2-3.")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="One engine per GPU group at once: 0,1,2,3 or 0-1,2-3, numbered within the GPUs this process was given (CUDA_VISIBLE_DEVICES).")] = None,
+    mixed_gpus: Annotated[bool, typer.Option("--mixed-gpus", help="Let slots on other GPU models share the study.")] = False,
     storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
 ) -> None:
     """Join a study from this machine and measure its trials until it needs no more."""
@@ -216,7 +218,7 @@ def worker(
         ctx = join_study(storage, study)
         if limit is not None:  # this worker's own, over the study's
             ctx.config = ctx.config.model_copy(update={"storage_outage_limit": limit})
-        _work(ctx, slots)
+        _work(ctx, slots, mixed_gpus)
 
 
 def _parse_list(text: str, option: str, kind: type[int] | type[float], example: str) -> list[Any]:
@@ -248,7 +250,7 @@ def _outage_limit(text: str | None) -> float | None:
     return seconds
 
 
-def _work(ctx: StudyContext, slots: list[Slot]) -> None:
+def _work(ctx: StudyContext, slots: list[Slot], mixed_gpus: bool = False) -> None:
     """Run a worker on the study with rich progress, then say where the study stands. SIGTERM
     and Ctrl-C stop it politely: one line, exit 0."""
     import signal
@@ -263,7 +265,7 @@ def _work(ctx: StudyContext, slots: list[Slot]) -> None:
     console = _err_console()
     with StudyProgress(console, ctx.config.trials, startup_timeout=ctx.config.startup_timeout) as progress:
         result = run_worker(ctx, slots=slots, progress=progress.on_event, trial_progress=progress.trial_hook,
-                            stop_signals=(signal.SIGTERM, signal.SIGINT))
+                            stop_signals=(signal.SIGTERM, signal.SIGINT), mixed_gpus=mixed_gpus)
     if result.stopped:
         back = result.handed_back
         told = (f"trial{'s' if len(back) > 1 else ''} {', '.join(map(str, back))} handed back to the study"

@@ -8,11 +8,12 @@ import os
 import platform
 import shutil
 import subprocess
+from dataclasses import dataclass
 
 from spectune.engines import cpu_features, detect_platform, vllm_version
 from spectune.measurement import CPU_FEATURES, Hardware, Versions
 
-__all__ = ["Hardware", "Versions", "hardware", "versions"]
+__all__ = ["GpuDevice", "Hardware", "Versions", "gpu_devices", "hardware", "versions"]
 
 
 def _version(dist: str) -> str | None:
@@ -43,19 +44,39 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _gpus(visible: str | None) -> list[str]:
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU as ``nvidia-smi`` names it."""
+
+    index: str
+    uuid: str
+    name: str
+    memory: str
+
+    def __str__(self) -> str:
+        return f"{self.index}, {self.uuid}, {self.name}, {self.memory}"
+
+
+def gpu_devices(visible: str | None) -> list[GpuDevice]:
+    """The GPUs ``visible`` names (``CUDA_VISIBLE_DEVICES``: host indices or UUIDs; None or
+    empty: every GPU), by index, UUID, model and memory; none without ``nvidia-smi``."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
     only = ["--id=" + visible.strip()] if visible and visible.strip() else []
     try:
         out = subprocess.run(
-            [smi, "--query-gpu=index,name,memory.total", "--format=csv,noheader", *only],
+            [smi, "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader", *only],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    devices = []
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4:
+            devices.append(GpuDevice(*parts))
+    return devices
 
 
 @functools.cache
@@ -72,6 +93,6 @@ def hardware(visible_gpus: str | None = None) -> Hardware:
         cpu=_cpu_model(),
         cpu_count=os.cpu_count() or 1,
         memory_bytes=mem,
-        gpus=_gpus(visible_gpus),
+        gpus=[str(d) for d in gpu_devices(visible_gpus)],
         cpu_features=[x for x in CPU_FEATURES if x in cpu_features()],
     )

@@ -219,6 +219,9 @@ class StudyRecord(BaseModel):
     extensions: list[dict[str, Any]] | None = Field(
         default=None, description="The ranges guided search widened past an edge where its pick sat, in order: "
         "param (method.field), range (the range after), was (before), because (the configuration at the edge).")
+    gpu_model: str | None = Field(
+        default=None, description="The model of the GPUs the study measures on (nvidia-smi's name); set by the "
+        "first worker on GPUs, the same for every worker after it unless it shares with --mixed-gpus.")
     gpus_per_engine: int | None = Field(
         default=None, description="GPUs each engine of the study is given (0: placed by its environment); set by the "
         "first worker, the same for every worker after it.")

@@ -62,6 +62,7 @@ from spectune.records import (
     write_fields,
     write_study_fields,
 )
+from spectune.slots import Slot, check_placement, parse_gpus
 from spectune.search import (
     Run,
     SearchStrategy,
@@ -95,8 +96,6 @@ _logger = logging.getLogger(__name__)
 MAX_ATTEMPTS_PER_TRIAL = 5
 """A sampler that keeps suggesting measured candidates is stopped after this many tries per trial."""
 
-GPU_ENV = "CUDA_VISIBLE_DEVICES"
-
 POLL_SECONDS = 5
 """How often a waiting worker looks at the study again (at most the heartbeat interval)."""
 
@@ -107,88 +106,6 @@ SLOT_FAULTS_OUT = 2
 HOLD_OFF_BEATS = 2
 """After an outage, a worker judges no trial stale until the storage has answered for this many
 heartbeat intervals: every live worker has beaten again by then."""
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where a worker runs one engine at a time: a GPU group, or (``gpus`` None) wherever the
-    engine's environment puts it (the CPU, or the GPUs the worker itself was given)."""
-
-    gpus: tuple[int, ...] | None = None
-
-    @property
-    def label(self) -> str | None:
-        return ",".join(map(str, self.gpus)) if self.gpus is not None else None
-
-    @property
-    def name(self) -> str:
-        """The slot as a person names it: ``GPU 2``, ``GPUs 2,3``, or ``the worker's engine slot``."""
-        if self.gpus is None:
-            return "the worker's engine slot"
-        return f"GPU{'s' if len(self.gpus) > 1 else ''} {self.label}"
-
-    def place(self, engine: EngineArgs) -> EngineArgs:
-        """The study's engine arguments on this slot: its GPUs as ``CUDA_VISIBLE_DEVICES``, and
-        tensor parallelism over the group unless the study fixes it (:func:`parse_gpus` checked)."""
-        if self.gpus is None:
-            return engine
-        return engine.model_copy(update={
-            "env": {**engine.env, GPU_ENV: self.label},
-            "tensor_parallel_size": engine.tensor_parallel_size or len(self.gpus),
-        })
-
-
-MAX_GPU_INDEX = 1024
-"""GPU numbers ``--gpus`` takes are below this: a range is listed one GPU at a time."""
-
-
-def parse_gpus(text: str | None) -> list[Slot]:
-    """``"0,1,2,3"``: one engine per GPU; ``"0-1,2-3"``: one per group of two; None: one engine,
-    placed by the environment.
-
-    Raises:
-        ConfigError: not GPU numbers and ranges, a GPU in two groups, or groups of different sizes
-            (their trials would not compare).
-    """
-    if text is None or not text.strip():
-        return [Slot()]
-    groups: list[tuple[int, ...]] = []
-    for part in text.split(","):
-        low, sep, high = part.strip().partition("-")
-        try:
-            first, last = int(low), int(high) if sep else int(low)
-        except ValueError:
-            raise ConfigError(f"--gpus {text!r}: expected GPU numbers and ranges, e.g. 0,1,2,3 or 0-1,2-3") from None
-        if first < 0 or last < first:
-            raise ConfigError(f"--gpus {text!r}: {part.strip()!r} is no GPU range")
-        if last >= MAX_GPU_INDEX:
-            raise ConfigError(f"--gpus {text!r}: GPU {last} is beyond any machine's (numbers below {MAX_GPU_INDEX})")
-        groups.append(tuple(range(first, last + 1)))
-    seen = [g for group in groups for g in group]
-    if len(seen) != len(set(seen)):
-        raise ConfigError(f"--gpus {text!r}: a GPU is in two groups")
-    if len({len(g) for g in groups}) > 1:
-        raise ConfigError(f"--gpus {text!r}: every group needs the same number of GPUs "
-                          "(trials on groups of other sizes would not compare)")
-    return [Slot(g) for g in groups]
-
-
-def _check_placement(ctx: StudyContext, slots: list[Slot]) -> None:
-    """Refuse groups that do not fit the study: a fixed tensor parallel size of another size, or
-    other workers' engines on groups of another size (recorded with the first one)."""
-    size = len(slots[0].gpus) if slots[0].gpus is not None else None
-    fixed = ctx.engine.tensor_parallel_size
-    if size is not None and fixed is not None and fixed != size:
-        raise ConfigError(f"--gpus: groups of {size} GPU(s), but the study fixes tensor_parallel_size {fixed}")
-    recorded = StudyRecord.of(ctx.study).gpus_per_engine
-    if recorded is None:
-        write_study_fields(ctx.study, gpus_per_engine=size or 0)
-    elif recorded != (size or 0):
-        def says(n: int | None) -> str:
-            return f"{n} GPU(s) per engine (--gpus)" if n else "engines placed by their environment (no --gpus)"
-
-        raise ConfigError(f"study {ctx.study.study_name} measures with {says(recorded)}; this worker would use "
-                          f"{says(size)}: its trials would not compare")
 
 
 @contextlib.contextmanager
@@ -523,11 +440,13 @@ def run_worker(
     strategy: SearchStrategy | None = None,
     poll_seconds: float | None = None,
     stop_signals: Sequence[int] = (),
+    mixed_gpus: bool = False,
 ) -> StudyResult:
     """Work on study ``ctx`` until it needs no more trials: its budget of finished trials is spent
     (counted over every worker), the search has stopped and its rechecks and confirmations are
     done. ``slots``: one engine at a time on each (default: one, placed by the environment).
     ``poll_seconds``: how often a waiting worker looks again (default :data:`POLL_SECONDS`).
+    ``mixed_gpus``: share the study with slots on other GPU models (:func:`~spectune.slots.check_placement`).
 
     ``stop_signals`` (``signal.SIGTERM``, ``signal.SIGINT``; from the main thread only) stop the
     worker politely: its engines are stopped (within 10 s), their trials told FAIL as
@@ -543,7 +462,9 @@ def run_worker(
         StorageError: another process works on the same SQLite file (one line naming PostgreSQL).
         StorageUnreachableError: the storage stayed unreachable past ``storage_outage_limit``;
             every engine has stopped.
-        ConfigError: GPU groups that do not fit the study.
+        ConfigError: GPU groups that do not fit the study (their size or, unless ``mixed_gpus``, model).
+        SlotsLostError: every slot left the study, each after two faults of its own in a row.
+        BaselineFailedError: the baseline failed for its own configuration; the study stops.
     Lets KeyboardInterrupt (not one of ``stop_signals``) through once every engine has stopped
     and its trial is marked ``interrupted``.
     """
@@ -554,7 +475,7 @@ def run_worker(
     config = ctx.config
     guard = StorageGuard(ctx.url, config.storage_outage_limit)
     with worker_claim(ctx.url), _stopping_on(stop_signals) as stopped:
-        guard.call("joining the study", lambda: _check_placement(ctx, slots))
+        guard.call("joining the study", lambda: check_placement(ctx, slots, mixed_gpus=mixed_gpus))
         strategy = strategy or StudyStrategy(
             space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler, objectives=len(config.objectives),
             trials=config.trials, confirm=config.confirm, time_budget=config.time_budget, tolerance=config.tolerance,
@@ -631,6 +552,7 @@ def run_study(
     measure_fn: Callable[..., Measurement] | None = None,
     gpus: str | None = None,
     stop_signals: Sequence[int] = (),
+    mixed_gpus: bool = False,
 ) -> StudyResult:
     """Create (or resume) the study ``config`` describes and work on it in this process until it
     needs no more trials (:func:`spectune.study.create_study`, then :func:`run_worker`). Other
@@ -639,7 +561,7 @@ def run_study(
     ``measure_fn`` replaces :func:`spectune.trial.measure` (same arguments): a recorded
     landscape answers with :meth:`spectune.landscape.Landscape.measurer`, to compare search
     strategies without engines. ``gpus``: one engine per GPU group at once (``"0,1"``, ``"0-1,2-3"``).
-    ``stop_signals``: as for :func:`run_worker`.
+    ``stop_signals``, ``mixed_gpus``: as for :func:`run_worker`.
 
     Raises ConfigError / StorageError for bad input before anything is written, and lets
     KeyboardInterrupt through after the running engines have been stopped.
@@ -647,7 +569,7 @@ def run_study(
     slots = parse_gpus(gpus)  # bad input first
     with worker_claim(resolve_storage_url(config.storage)):  # a second process on SQLite writes nothing
         return run_worker(create_study(config), slots=slots, progress=progress, trial_progress=trial_progress,
-                          measure_fn=measure_fn, stop_signals=stop_signals)
+                          measure_fn=measure_fn, stop_signals=stop_signals, mixed_gpus=mixed_gpus)
 
 
 def replay_on_clock(config: StudyConfig, measure_fn: Callable[..., Measurement],
