@@ -7,9 +7,10 @@ PY := $(VENV)/bin/python
 setup:
 	scripts/setup.sh
 
+# The engine tests and the engine-free ones at once, in two pytest processes (scripts/test.sh).
 test: setup
 	scripts/browser.sh
-	$(PY) -m pytest -q --durations=25
+	PY=$(PY) scripts/test.sh
 
 test-fast:
 	$(PY) -m pytest -q -m "not engine"

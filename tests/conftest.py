@@ -116,9 +116,22 @@ def pg_url() -> Iterator[str]:
         admin.dispose()
 
 
+_SHARED_STUDIES = {"grid_study", "swept_study"}
+"""Session fixtures that measure a study on real engines: a test reading one is an engine test."""
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test that reads a study measured on real engines is marked ``engine`` too, so that
+    ``-m engine`` and ``-m "not engine"`` (scripts/test.sh runs both at once) split the tests
+    that start engines from those that start none."""
+    if _SHARED_STUDIES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("engine") is None:
+        item.add_marker(pytest.mark.engine)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    """Tiny Llama target and draft sharing a tokenizer (SPECTUNE_TEST_MODELS reuses a folder)."""
+    """Tiny Llama target and draft sharing a tokenizer (SPECTUNE_TEST_MODELS: a folder shared
+    with other pytest processes or runs; the build holds a file lock, so it happens once)."""
     from spectune.checkpoints import build_tiny
 
     where = os.environ.get("SPECTUNE_TEST_MODELS")
