@@ -250,9 +250,11 @@ class Measurement(BaseModel):
         default=None, description="The engine core's own timing of the windows' requests; None where vLLM "
         "reports no such histograms.")
     peak_memory_bytes: int | None
-    memory_kind: Literal["host_rss", "gpu"] = Field(
+    memory_kind: Literal["host_rss", "gpu_weights", "gpu_device", "gpu"] = Field(
         default="host_rss", description="What peak_memory_bytes measures: the resident memory of the engine's "
-        "processes on the host (a CPU engine), or the GPU memory they hold.")
+        "processes on the host (a CPU engine); on GPUs the weights of target and draft as the engine accounts "
+        "for them (gpu_weights), else its devices' memory beyond what they held before it (gpu_device; gpu: "
+        "the memory its processes held, in measurements stored before).")
     kv_cache_tokens: int | None = Field(default=None, description="Tokens the engine's KV cache holds "
                                         "(vllm:cache_config_info).")
     kv_cache_peak_usage: float | None = Field(default=None, description="The fullest the KV cache was seen "
@@ -417,8 +419,9 @@ class SLO(StrictModel):
     e2el_p99_ms: float | None = Field(default=None, gt=0)
     min_output_throughput: float | None = Field(default=None, gt=0)
     max_memory: ByteSize | None = Field(
-        default=None, gt=0, description="The most memory the engine may take (70GiB, or bytes): its GPU memory on "
-        "GPUs, its resident memory on a CPU (Measurement.memory_kind).")
+        default=None, gt=0, description="The most memory the engine may take (70GiB, or bytes): on GPUs its "
+        "weights, target and draft, as it accounts for them (the rest of gpu_memory_utilization is KV cache: "
+        "min_kv_cache_tokens); its resident memory on a CPU (Measurement.memory_kind).")
     min_kv_cache_tokens: int | None = Field(default=None, gt=0, description="The fewest tokens its KV cache may hold.")
 
     def violations(self, m: Measurement) -> dict[str, float]:

@@ -127,7 +127,8 @@ class TrialRecord(BaseModel):
     startup_seconds: float | None = None
     failed_requests: int | None = None
     peak_memory_bytes: int | None = None
-    memory_kind: str | None = Field(default=None, description="gpu or host_rss: what peak_memory_bytes measures.")
+    memory_kind: str | None = Field(default=None, description="gpu_weights (the engine's weights, target and draft), "
+                                       "gpu_device (its devices' memory) or host_rss: what peak_memory_bytes measures.")
     kv_cache_tokens: int | None = None
     bursty_delivery: bool | None = Field(default=None, description="Its tokens reached the client in bursts "
                                          "(Measurement.bursty_delivery): its client latencies are the delivery's.")

@@ -65,7 +65,8 @@ class TrialRow:
     """The limits it breaks (its SLOs, max_memory, min_kv_cache_tokens), by name."""
     peak_memory_bytes: int | None = None
     memory_kind: str | None = None
-    """``gpu`` or ``host_rss``: what ``peak_memory_bytes`` measures."""
+    """``gpu_weights``, ``gpu_device`` (``gpu`` in studies stored before) or ``host_rss``: what
+    ``peak_memory_bytes`` measures."""
     kv_cache_tokens: int | None = None
     bursty_delivery: bool = False
     """Its tokens reached the client in bursts (:attr:`spectune.measurement.Measurement.bursty_delivery`)."""
@@ -81,7 +82,8 @@ class TrialRow:
         """Its peak memory for a person: ``3.1 GiB`` (GPU) or ``2.1 GiB host`` (a CPU engine's RSS)."""
         if self.peak_memory_bytes is None:
             return "-"
-        return f"{self.peak_memory_bytes / 2**30:.2f} GiB" + (" host" if self.memory_kind != "gpu" else "")
+        suffix = {"gpu_weights": " weights", "gpu_device": "", "gpu": ""}.get(self.memory_kind or "", " host")
+        return f"{self.peak_memory_bytes / 2**30:.2f} GiB{suffix}"
 
     @property
     def is_baseline(self) -> bool:

@@ -15,6 +15,12 @@ Behaviours:
 With ``FAKE_ENGINE_BUSY_STARTS=N`` (and the record folder set), the first N starts exit at once
 with vLLM's refusal to start on a device whose memory is not yet free.
 
+As a GPU engine: ``FAKE_ENGINE_WEIGHTS_GIB`` (and ``FAKE_ENGINE_DRAFT_GIB`` for a speculative
+configuration with a model) prints vLLM's "Model loading took X GiB memory" once per
+tensor-parallel worker; ``FAKE_ENGINE_GPU_MIB`` holds that much memory on each device of its
+``CUDA_VISIBLE_DEVICES`` while it runs, as tests/fake_nvidia_smi.py reads it
+(``$FAKE_SMI_STATE/<device>.used``).
+
 With ``FAKE_ENGINE_FAULT=NAME`` (a key of :data:`FAULTS`) it exits at once with the log lines a
 CUDA build of vLLM prints for that failure, message for message; only where its
 ``CUDA_VISIBLE_DEVICES`` is ``FAKE_ENGINE_FAULT_GPUS`` and its ``--speculative-config`` holds
@@ -104,6 +110,28 @@ def _faulty(argv: list[str]) -> list[str] | None:
     return FAULTS[fault]
 
 
+def _load_weights(argv: list[str]) -> None:
+    """As a GPU engine loads its model: the device memory it holds, and the log line per worker."""
+    devices = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if (mib := os.environ.get("FAKE_ENGINE_GPU_MIB")) and (state := os.environ.get("FAKE_SMI_STATE")):
+        for device in devices:
+            Path(state, f"{device}.used").write_text(mib)
+    if (gib := os.environ.get("FAKE_ENGINE_WEIGHTS_GIB")) is None:
+        return
+    spec = argv[argv.index("--speculative-config") + 1] if "--speculative-config" in argv else "{}"
+    total = float(gib) + (float(os.environ.get("FAKE_ENGINE_DRAFT_GIB", "0")) if '"model"' in spec else 0.0)
+    tp = int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
+    for rank in range(tp):
+        print(f"(Worker_TP{rank} pid={4300 + rank}) INFO 12-07 10:00:03 [gpu_model_runner.py:5150] Model loading "
+              f"took {total / tp:.4f} GiB memory and 3.141593 seconds", flush=True)
+
+
+def _release_devices() -> None:
+    if os.environ.get("FAKE_ENGINE_GPU_MIB") and (state := os.environ.get("FAKE_SMI_STATE")):
+        for device in filter(None, os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")):
+            Path(state, f"{device}.used").unlink(missing_ok=True)
+
+
 def _record(update: dict[str, object]) -> None:
     folder = os.environ.get("FAKE_ENGINE_RECORD")
     if not folder:
@@ -131,6 +159,7 @@ def main() -> None:
         _record({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ), "fault": os.environ["FAKE_ENGINE_FAULT"]})
         print("\n".join(lines), flush=True)
         raise SystemExit(1)
+    _load_weights(sys.argv)
     busy = int(os.environ.get("FAKE_ENGINE_BUSY_STARTS", "0"))
     if busy and (folder := os.environ.get("FAKE_ENGINE_RECORD")):
         count = Path(folder) / "busy-starts"
@@ -187,6 +216,7 @@ def main() -> None:
     _record({"pid": os.getpid(), "argv": sys.argv[1:], "env": dict(os.environ), "started": time.time()})
 
     def stopped(*_: object) -> None:
+        _release_devices()
         _record({"stopped": time.time()})
         raise SystemExit(0)
 

@@ -60,12 +60,14 @@ class EngineServer(abc.ABC):
 
     @abc.abstractmethod
     def peak_memory_bytes(self) -> int | None:
-        """The largest memory of the server's process tree seen so far: the GPU memory its
-        processes hold where it runs on GPUs, else their resident memory (:attr:`memory_kind`)."""
+        """What the server takes, in terms that differ between configurations: on GPUs its
+        weights (target and draft) as it accounts for them, else its devices' memory beyond
+        what they held before it; on a CPU its process tree's largest resident memory
+        (:attr:`memory_kind`)."""
 
     @property
     def memory_kind(self) -> str:
-        """What :meth:`peak_memory_bytes` measures: ``"gpu"`` or ``"host_rss"``."""
+        """What :meth:`peak_memory_bytes` measures: ``gpu_weights``, ``gpu_device`` or ``host_rss``."""
         return "host_rss"
 
     def __enter__(self) -> EngineServer:

@@ -25,6 +25,7 @@ from spectune._util import is_loopback
 from spectune.config import API_KEY_ENV, EngineArgs, SpecConfig
 from spectune.engines._base import EngineServer
 from spectune.engines._faults import MEMORY_BUSY, slot_fault, summarize_failure
+from spectune.engines._gpu_memory import device_memory_used, weights_from_log
 from spectune.engines._guard import GUARD
 from spectune.engines._platform import Platform, cpu_binding, detect_platform
 from spectune.errors import EngineSlotError, EngineStartError, EngineTimeoutError
@@ -108,23 +109,6 @@ def _warn_if_exposed(host: str) -> None:
         _warned_hosts.add(host)
         _logger.warning("engines listen on %s (the engine's host), reachable from other machines: their /metrics "
                         "and /health are open there; their API takes only each engine's own key", host)
-
-
-def gpu_memory_of(smi: str, pids: set[int]) -> int:
-    """Bytes of GPU memory the processes ``pids`` hold now, summed over GPUs, as ``nvidia-smi``
-    reports its compute processes (0 where it cannot tell)."""
-    try:
-        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    total = 0
-    for line in out.splitlines():
-        pid, _, mib = line.partition(",")
-        with contextlib.suppress(ValueError):
-            if int(pid) in pids:
-                total += int(float(mib)) * 2**20
-    return total
 
 
 def _load_prctl() -> Any:  # noqa: ANN401 - a ctypes function
@@ -241,6 +225,9 @@ class VLLMServer(EngineServer):
         self._tmpdir: str | None = None
         self._peak_rss = 0
         self._peak_gpu = 0
+        self._on_gpu = self.platform.name == "gpu"
+        self._gpu_before: int | None = None
+        """Memory the engine's devices held before it started (other processes'), read at its launch."""
         self._sampler: threading.Thread | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._sampling = threading.Event()
@@ -284,11 +271,18 @@ class VLLMServer(EngineServer):
         return reason
 
     def peak_memory_bytes(self) -> int | None:
-        return (self._peak_gpu or None) if self.memory_kind == "gpu" else (self._peak_rss or None)
+        kind = self.memory_kind
+        if kind == "gpu_weights":
+            return weights_from_log(self.log_tail(2000).splitlines())
+        return (self._peak_gpu or None) if kind == "gpu_device" else (self._peak_rss or None)
 
     @property
     def memory_kind(self) -> str:
-        return "gpu" if self._peak_gpu else "host_rss"
+        """``gpu_weights`` (the engine's account of its weights, target and draft), ``gpu_device``
+        (its devices' memory beyond what they held before it started), or ``host_rss``."""
+        if self._on_gpu and weights_from_log(self.log_tail(2000).splitlines()) is not None:
+            return "gpu_weights"
+        return "gpu_device" if self._peak_gpu else "host_rss"
 
     def start(self) -> None:
         """Start the engine and wait until it is healthy; an engine refused because its devices'
@@ -312,6 +306,9 @@ class VLLMServer(EngineServer):
 
     def _launch(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self._on_gpu and (smi := shutil.which("nvidia-smi")) is not None:
+            self._gpu_before = device_memory_used(smi, self.args.env.get("CUDA_VISIBLE_DEVICES",
+                                                                         os.environ.get("CUDA_VISIBLE_DEVICES")))
         self._tmpdir = tempfile.mkdtemp(prefix="spectune-engine-")
         inherited = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
         env = {**inherited, **(self.binding.env if self.binding else {}), **self.args.env,
@@ -408,7 +405,9 @@ class VLLMServer(EngineServer):
         assert self._proc is not None
         root_pid = self._proc.pid
 
-        smi = shutil.which("nvidia-smi") if self.platform.name == "gpu" else None
+        smi = shutil.which("nvidia-smi") if self._on_gpu else None
+        visible = self.args.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        before = self._gpu_before
 
         def sample() -> None:
             try:
@@ -424,8 +423,8 @@ class VLLMServer(EngineServer):
                             total += p.memory_info().rss
                             pids.add(p.pid)
                 self._peak_rss = max(self._peak_rss, total)
-                if smi is not None and beat % 4 == 0:  # every 2 s: nvidia-smi costs a process
-                    self._peak_gpu = max(self._peak_gpu, gpu_memory_of(smi, pids))
+                if smi is not None and beat % 4 == 0 and (used := device_memory_used(smi, visible)) is not None:
+                    self._peak_gpu = max(self._peak_gpu, used - (before or 0))  # every 2 s: nvidia-smi costs a process
                 beat += 1
                 self._sampling.wait(0.5)
 
