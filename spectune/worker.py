@@ -213,7 +213,8 @@ class _Worker:
                     trial = _cut_off_claim(study)
                     if trial is None:
                         if not any(t.state == "WAITING" for t in trials):
-                            decision = self.strategy.decide(study)
+                            with self.strategy.locked():  # no replay starts under the lock
+                                decision = self.strategy.decide(study)
                             if not isinstance(decision, Run):
                                 return decision
                             _logger.info("next trial: %s", decision.why)
@@ -239,6 +240,8 @@ class _Worker:
                              placement=placement, duplicate_of=earlier)  # a duplicate is answered from the earlier trial
                 return _Claim(trial, spec, knobs, progress[0] or _progress_of(trials, rec, self.ctx.config.trials))
 
+        # the offline replays the decision would like, outside the lock: no other slot or worker waits on them
+        self.guard.call("preparing the search", lambda: self.strategy.prepare(study), stoppable=True)
         return self.guard.call("claiming a trial", attempt, stoppable=True)
 
     def loop(self, slot: Slot) -> None:

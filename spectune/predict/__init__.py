@@ -42,6 +42,7 @@ from spectune.predict._draft_replay import (
     HeadChains,
     draft_guesses,
     head_chains,
+    warm_replays,
     replay_draft,
     replay_head,
 )
@@ -128,6 +129,7 @@ __all__ = [
     "derive_schedule",
     "draft_guesses",
     "head_chains",
+    "warm_replays",
     "ngram_proposal",
     "effective_k",
     "engine_gauge_ms",

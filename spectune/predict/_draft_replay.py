@@ -4,15 +4,18 @@ what it drafts at every step, for every k, before any draft trial."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+from spectune.config import Method
 
-    pass
+if TYPE_CHECKING:
+    from spectune.measurement import Measurement
 
 from spectune.predict._replay import (
     UNLIMITED_MODEL_LEN,
@@ -23,7 +26,7 @@ from spectune.predict._replay import (
 )
 
 __all__ = ["DRAFT_REPLAY_MAX_BYTES", "DRAFT_REPLAY_SPREAD", "HEAD_REPLAY_DEPTH", "DraftGuesses", "DraftReplays",
-           "HeadChains", "draft_guesses", "head_chains", "replay_draft", "replay_head"]
+           "HeadChains", "draft_guesses", "head_chains", "replay_draft", "replay_head", "warm_replays"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +145,22 @@ DRAFT_REPLAY_MAX_BYTES = 4 * 2**30
 """Largest draft (weights on disk) that :class:`DraftReplays` runs on the CPU: about 2B
 parameters in bfloat16 (its forward passes grow with its size and the study's output tokens)."""
 
+def _weights_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
+
+
+def warm_replays(drafts: DraftReplays, proposers: Iterable[tuple[Method, str]], baseline: Measurement) -> None:
+    """Run the drafts' guesses and heads' chains along ``baseline``'s outputs that predictions of
+    ``proposers`` ((method, model) pairs) would ask ``drafts`` for, so that they are kept."""
+    if not any(r.ok and r.token_ids and r.prompt_token_ids is not None for r in baseline.requests):
+        return
+    for method, model in proposers:
+        if method is Method.DRAFT_MODEL:
+            drafts.guesses(baseline.requests, model, dtype=baseline.engine.dtype)
+        elif method is Method.EAGLE3:
+            drafts.chains(baseline.requests, model, baseline.engine.model, dtype=baseline.engine.dtype)
+
+
 def _local_weights(model: str) -> Path | None:
     """The folder holding ``model``'s weights: the path itself, or its snapshot in the Hugging
     Face cache (nothing is downloaded); None when neither is on this machine."""
@@ -160,7 +179,12 @@ class DraftReplays:
     """:func:`draft_guesses` and :func:`head_chains`, kept per proposer, dtype and outputs while
     the owner lives (guided search predicts again after every trial: a worker's search keeps
     one), and the proposers that would not run, not tried again; and each candidate's replayed
-    acceptance on the same outputs (:meth:`acceptance`). Not thread-safe: one owner."""
+    acceptance on the same outputs (:meth:`acceptance`).
+
+    Thread-safe: the slots of a worker share one. A replay runs in one thread at a time; another
+    thread that asks for it meanwhile gets None at once (its prediction falls back to the
+    proposer's measured trials, the learned model or the prior), as does any thread inside
+    :meth:`cached_only` for a replay not run yet: a decision under the study's lock starts none."""
 
     KEPT = 8
     """Replays kept at most (the oldest is dropped first)."""
@@ -172,19 +196,38 @@ class DraftReplays:
         self._refused: set[tuple[str, str, str]] = set()
         self._acceptance: dict[tuple[str, int], Any] = {}
         self._outputs: tuple[Sequence[ReplayRequest], int] | None = None
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, str, str, int]] = set()
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def cached_only(self) -> Iterator[None]:
+        """While in it, this thread is given only replays already run; none starts."""
+        self._local.cached_only = True
+        try:
+            yield
+        finally:
+            self._local.cached_only = False
 
     def acceptance(self, candidate: str, requests: Sequence[ReplayRequest], replay: Callable[[], Any]) -> Any:
         """``replay()`` of ``candidate`` (its configuration as text) along ``requests``, run once
         per outputs while this lives: a replay of every n-gram window or suffix setting of a large
         space costs most of a prediction, and guided search predicts again after every trial."""
-        if self._outputs is None or self._outputs[0] is not requests:  # held: its id cannot be reused meanwhile
-            self._outputs = (requests, hash(tuple((tuple(p), tuple(o)) for p, o in recorded_pairs(requests))))
-        key = (candidate, self._outputs[1])
-        if key not in self._acceptance:
+        with self._lock:
+            if self._outputs is None or self._outputs[0] is not requests:  # held: its id cannot be reused meanwhile
+                self._outputs = (requests, hash(tuple((tuple(p), tuple(o)) for p, o in recorded_pairs(requests))))
+            key = (candidate, self._outputs[1])
+            if key in self._acceptance:
+                return self._acceptance[key]
+        self._local.missed = False
+        value = replay()
+        if value is None and getattr(self._local, "missed", False):
+            return None  # its draft's replay is not ready yet: asked again next time
+        with self._lock:
             if len(self._acceptance) >= self.KEPT_ACCEPTANCE:
                 self._acceptance.pop(next(iter(self._acceptance)))
-            self._acceptance[key] = replay()
-        return self._acceptance[key]
+            self._acceptance[key] = value
+        return value
 
     def guesses(self, requests: Sequence[ReplayRequest], model: str, *, dtype: str | None = None) -> DraftGuesses | None:
         """The draft's guesses along ``requests``; None when the draft is not on this machine
@@ -196,45 +239,66 @@ class DraftReplays:
     def chains(self, requests: Sequence[ReplayRequest], head: str, target: str, *,
                dtype: str | None = None) -> HeadChains | None:
         """An EAGLE-3 head's chains along ``requests`` (:func:`head_chains`), None as for
-        :meth:`guesses`; the target must be on this machine too."""
-        def run(folder: str) -> HeadChains | None:
-            target_folder = _local_weights(target)
-            if target_folder is None:
-                raise OSError(f"the target {target} is not on this machine")
-            return head_chains(requests, folder, str(target_folder), dtype=dtype)
-
-        return self._replay("head", requests, head, dtype, run)
+        :meth:`guesses`; the target must be on this machine too, and counts towards the limit
+        (the replay loads it whole)."""
+        return self._replay("head", requests, head, dtype,
+                            lambda folder, target_folder: head_chains(requests, folder, str(target_folder), dtype=dtype),
+                            target=target)
 
     def _replay(self, kind: str, requests: Sequence[ReplayRequest], model: str, dtype: str | None,
-                run: Callable[[str], Any]) -> Any:
+                run: Callable[..., Any], target: str | None = None) -> Any:
         pairs = recorded_pairs(requests)
         key = (kind, model, str(dtype), hash(tuple((tuple(p), tuple(o)) for p, o in pairs)))
-        if key in self._kept:
-            return self._kept[key]
-        if key[:3] in self._refused:
-            return None
-        folder = _local_weights(model)
-        if folder is None:  # not remembered: the first trial's engine may download it
-            logger.info("%s %s is not replayed offline: its weights are not on this machine", kind, model)
-            return None
+        with self._lock:
+            if key in self._kept:
+                return self._kept[key]
+            if key[:3] in self._refused:
+                return None
+            if key in self._running or getattr(self._local, "cached_only", False):
+                self._local.missed = True  # running in another thread, or not to be started here
+                return None
+            self._running.add(key)
         try:
-            size = sum(f.stat().st_size for f in folder.rglob("*") if f.suffix in (".safetensors", ".bin", ".pt"))
-            if size > DRAFT_REPLAY_MAX_BYTES:
-                why = (f"its weights take {size / 2**30:.1f} GiB, more than {DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB "
-                       "to run on the CPU")
-                replay = None
-            else:
-                replay = run(str(folder))
-        except Exception as exc:  # noqa: BLE001 - any checkpoint transformers cannot run: no replay, logged
-            why, replay = f"it did not load or run ({type(exc).__name__}: {exc})", None
-        if replay is None:
-            self._refused.add(key[:3])
-            logger.warning("%s %s is not replayed offline: %s", kind, model, why)
+            replay, why = self._run(kind, model, dtype, run, target)
+        finally:
+            with self._lock:
+                self._running.discard(key)
+        if replay is None and why is None:  # not on this machine: not remembered, its engine may fetch it
             return None
-        if len(self._kept) >= self.KEPT:
-            self._kept.pop(next(iter(self._kept)))
-        self._kept[key] = replay
+        with self._lock:
+            if replay is None:
+                self._refused.add(key[:3])
+            else:
+                if len(self._kept) >= self.KEPT:
+                    self._kept.pop(next(iter(self._kept)))
+                self._kept[key] = replay
+        if replay is None:
+            logger.warning("%s %s is not replayed offline: %s", kind, model, why)
         return replay
+
+    @staticmethod
+    def _run(kind: str, model: str, dtype: str | None, run: Callable[..., Any],
+             target: str | None) -> tuple[Any, str | None]:
+        """(the replay, None), or (None, why it will not run here), or (None, None) for weights
+        not on this machine. Everything the replay loads counts towards the limit: the model,
+        and a head's target, at the width the replay computes in (float32: twice a 16-bit file)."""
+        folder = _local_weights(model)
+        target_folder = _local_weights(target) if target is not None else None
+        missing = model if folder is None else target if target is not None and target_folder is None else None
+        if missing is not None:
+            logger.info("%s %s is not replayed offline: %s's weights are not on this machine", kind, model, missing)
+            return None, None
+        try:
+            size = sum(_weights_bytes(f) for f in (folder, target_folder) if f is not None)
+            size *= 2 if dtype in (None, "float32") else 1
+            if size > DRAFT_REPLAY_MAX_BYTES:
+                what = "it and its target take" if target is not None else "its weights take"
+                return None, (f"{what} {size / 2**30:.1f} GiB in {dtype or 'float32'}, more than "
+                              f"{DRAFT_REPLAY_MAX_BYTES / 2**30:.0f} GiB to run on the CPU: predictions use its "
+                              "measured trials")
+            return (run(str(folder), target_folder) if target is not None else run(str(folder))), None
+        except Exception as exc:  # noqa: BLE001 - any checkpoint transformers cannot run: no replay, logged
+            return None, f"it did not load or run ({type(exc).__name__}: {exc})"
 
 
 def replay_draft(guesses: DraftGuesses, k: int, *, max_model_len: int | None = None) -> ReplayAcceptance:

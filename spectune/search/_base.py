@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import datetime
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -111,7 +112,18 @@ class SearchStrategy(abc.ABC):
         worker runs those first and does not ask.
 
     Thread-safety: one instance may be shared by the threads of a worker (it holds no state).
+
+        Work that takes long and writes nothing (offline replays of drafts and heads) goes in
+        :meth:`prepare`, which a worker calls before it takes the lock, so that no slot or
+        worker waits on it: under the lock (:meth:`locked`) a decision uses what is ready.
     """
+
+    def prepare(self, study: optuna.Study) -> None:  # noqa: B027 - optional: nothing to prepare by default
+        """Before the lock: run what the next decision would like to know and takes long."""
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Around :meth:`decide` under the study's lock: nothing slow may start there."""
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def decide(self, study: optuna.Study) -> Decision:

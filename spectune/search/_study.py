@@ -24,6 +24,7 @@ counting it at what it is predicted to measure (:func:`spectune.predict.plan_nex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,7 +36,14 @@ from typing import TYPE_CHECKING
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
 from spectune.measurement import spec_key
-from spectune.predict import DEFAULT_MARGIN, DEFAULT_STOP_CHANCE, DraftReplays, chance_to_beat, prediction_sd
+from spectune.predict import (
+    DEFAULT_MARGIN,
+    DEFAULT_STOP_CHANCE,
+    DraftReplays,
+    chance_to_beat,
+    prediction_sd,
+    warm_replays,
+)
 from spectune.records import (
     KNOBS_BY_SAMPLER,
     RECHECK_BEST,
@@ -130,6 +138,21 @@ class StudyStrategy(SearchStrategy):
         if sampler == "guided" and not self.guided:
             _logger.info("guided search needs one objective and a space that can be listed; using %s",
                          "NSGA-II" if objectives > 1 else "TPE")
+
+    def prepare(self, study: optuna.Study) -> None:
+        """Run the drafts' and heads' offline replays guided search's next prediction would use,
+        before the study's lock (a replay may take minutes on the CPU): another slot asking
+        meanwhile decides without them, and finds them ready the next time."""
+        from spectune.results import StudyView
+
+        base = StudyView(study, self.store, self.url).baseline() if self.guided else None
+        if base is None or (first := self.store.measurement(base.trial_id)) is None:
+            return  # nothing to replay along yet
+        self._sync_space(study)
+        warm_replays(self.drafts, self.space.proposers(), first)
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        return self.drafts.cached_only()
 
     def decide(self, study: optuna.Study) -> Decision:
         self._sync_space(study)
