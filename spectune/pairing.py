@@ -15,8 +15,11 @@ An EAGLE head reads the target's hidden states, so it is checked against the tar
 too (:func:`check_pairing` lists what; each mismatch is one line that vLLM would otherwise
 report as a tensor shape error after loading both models, or not at all).
 
-Hub names cannot be checked offline: a warning, and vLLM checks at start-up. Results are
-cached per (target, proposer, method) for the life of the process.
+A hub name is checked on its config and tokenizer files, fetched from the hub (or read from
+its cache where ``HF_HUB_OFFLINE`` is set), never its weights; a gated model this machine may
+not read, or a name the hub does not know, is one line before any engine. Where the hub cannot
+be reached and the cache lacks them: a warning, and vLLM checks at start-up. Results are cached
+per (target, proposer, method) for the life of the process.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from spectune._hf import hub_files
 from spectune.config import Method
 from spectune.errors import ConfigError
 
-__all__ = ["check_pairing", "vllm_default_aux_layers"]
+__all__ = ["check_model_access", "check_pairing", "vllm_default_aux_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,21 +98,31 @@ def check_pairing(target: str, proposer: str | None, method: Method | str) -> No
 
 
 @functools.lru_cache(maxsize=256)
+def check_model_access(name: str, role: str = "target") -> Path | None:
+    """The folder of ``name``'s config and tokenizer: the folder itself, or for a hub name its
+    files from the hub or its cache (:func:`spectune._hf.hub_files`); None where neither can be
+    reached. Raises ConfigError, in one line, for a missing folder, a gated model this machine
+    may not read, or no such model on the hub: before any engine starts."""
+    local = _local_dir(name, role)
+    return local if local is not None else hub_files(name, role)
+
+
+@functools.lru_cache(maxsize=256)
 def _check(target: str, proposer: str, method: Method) -> None:
     role = _ROLE[method]
-    target_dir = _local_dir(target, "target")
-    proposer_dir = _local_dir(proposer, role)
+    on_hub = _local_dir(target, "target") is None or _local_dir(proposer, role) is None
+    target_dir, proposer_dir = check_model_access(target, "target"), check_model_access(proposer, role)
     if target_dir is None or proposer_dir is None:
         hub = target if target_dir is None else proposer
         logger.warning(
-            "cannot check offline that %s %s shares the vocabulary of target %s (%s is a hub name); "
-            "vLLM checks when the engine starts",
+            "cannot check that %s %s shares the vocabulary of target %s: the Hugging Face hub cannot be reached "
+            "and its cache lacks %s; vLLM checks when the engine starts",
             role, proposer, target, hub,
         )
         return
     if target_dir != proposer_dir:
         _check_vocabulary(target_dir, proposer_dir, proposer, role)
-    if method in _HEADS:
+    if method in _HEADS and not on_hub:  # a hub head's weights (its vocabulary maps) are not fetched
         _check_head(target, target_dir, proposer, proposer_dir, method)
 
 

@@ -330,9 +330,10 @@ def plan_study(config: StudyConfig) -> StudyPlan:
 
 def _checked_engine(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> EngineArgs:
     """The trials' engine arguments, once what the trials need is checked (ConfigError)."""
-    from spectune.pairing import check_pairing
+    from spectune.pairing import check_model_access, check_pairing
     from spectune.trial import plan_windows
 
+    check_model_access(config.target)  # a gated or unknown hub model: one line, before any engine
     engine = config.engine_args(space)
     for method in space.methods:
         if why := method_refusal(method.value, space.engine_fields(method), engine.env):
