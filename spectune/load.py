@@ -25,7 +25,7 @@ import aiohttp
 
 from spectune.config import Prompt, WorkloadSpec
 
-__all__ = ["LoadResult", "RequestRecord", "arrival_offsets", "run_load"]
+__all__ = ["LoadProcess", "LoadResult", "RequestRecord", "arrival_offsets", "run_load"]
 
 _logger = logging.getLogger(__name__)
 
@@ -271,3 +271,67 @@ def run_load(
     c = concurrency or workload.concurrency
     run = _run(base_url.rstrip("/"), model, prompts, workload, c, progress, api_key, logprobs)
     return asyncio.run(asyncio.wait_for(run, timeout) if timeout else run)
+
+
+class LoadProcess:
+    """A process of its own that sends a trial's requests (:func:`run_load` there), for workers
+    that measure several engines at once: their clients then share no interpreter lock, and
+    one engine's stream parsing cannot delay another's timestamps. Progress is relayed back.
+
+    Use as a context manager; the process starts at the first window (it inherits the CPUs the
+    calling thread may run on) and ends with the block. Spawned, not forked: the worker's
+    threads hold locks a forked child would inherit held.
+    """
+
+    def __init__(self) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("spawn")
+        self._progress = ctx.Queue()
+        self._pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_child_init, initargs=(self._progress,))
+
+    def __enter__(self) -> LoadProcess:
+        return self
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        # on an error (the engine stopped, a polite stop) the window in flight ends on its own
+        self._pool.shutdown(wait=kind is None, cancel_futures=True)
+
+    def run_load(self, base_url: str, model: str, prompts: Sequence[Prompt], workload: WorkloadSpec, *,
+                 concurrency: int | None = None, progress: ProgressHook | None = None, timeout: float | None = None,
+                 api_key: str | None = None, logprobs: int | None = None) -> LoadResult:
+        """:func:`run_load` with these arguments, in the process."""
+        import queue
+
+        future = self._pool.submit(_child_run, base_url, model, list(prompts), workload, concurrency, timeout,
+                                   api_key, logprobs)
+        while True:
+            try:
+                item = self._progress.get(timeout=0.2)
+            except queue.Empty:
+                if future.done() and self._progress.empty():
+                    break
+                continue
+            if item is None:  # the window's end
+                break
+            if progress is not None:
+                progress(*item)
+        return future.result()
+
+
+_CHILD_PROGRESS: Any = None
+
+
+def _child_init(progress: Any) -> None:  # runs in the load process
+    global _CHILD_PROGRESS  # noqa: PLW0603 - the process's one channel back
+    _CHILD_PROGRESS = progress
+
+
+def _child_run(base_url: str, model: str, prompts: list[Prompt], workload: WorkloadSpec, concurrency: int | None,
+               timeout: float | None, api_key: str | None, logprobs: int | None) -> LoadResult:
+    try:
+        return run_load(base_url, model, prompts, workload, concurrency=concurrency, timeout=timeout,
+                        api_key=api_key, logprobs=logprobs, progress=lambda d, t: _CHILD_PROGRESS.put((d, t)))
+    finally:
+        _CHILD_PROGRESS.put(None)

@@ -82,6 +82,8 @@ class TrialFunction:
     hook: StudyHook
     trial_progress: Callable[[str], TrialHook | None] | None = None
     guard: StorageGuard = field(default=None)  # type: ignore[assignment]
+    load_process: bool = False
+    """Each trial's requests from a process of its own (several engines measured at once)."""
 
     def __post_init__(self) -> None:
         self.counts = {"measured": 0, "failed": 0, "reused": 0}
@@ -118,7 +120,8 @@ class TrialFunction:
                 m = self.measure(engine or self.engine, spec, cfg.workload, self.prompts, log_dir=cfg.log_dir,
                                  startup_timeout=cfg.startup_timeout, window_timeout=cfg.window_timeout,
                                  progress=phase_hook, repeats=cfg.repeats,
-                                 answer_margins=cfg.answers is not AnswerRule.OFF)  # off: no answers to classify
+                                 answer_margins=cfg.answers is not AnswerRule.OFF,  # off: no answers to classify
+                                 **({"load_process": True} if self.load_process else {}))
             values = [o.of(m) for o in cfg.objectives]
         except EngineSlotError as e:  # the slot's fault, not the candidate's: handed back, uncounted
             reason = handed_back(e.cause, str(e))

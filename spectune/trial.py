@@ -25,7 +25,7 @@ from spectune.errors import (
     EngineError,
     EngineTimeoutError,
 )
-from spectune.load import LoadResult, RequestRecord, run_load
+from spectune.load import LoadProcess, LoadResult, RequestRecord, run_load
 from spectune.measurement import (
     AcceptanceStats,
     AnswerMargins,
@@ -164,6 +164,7 @@ def measure(
     server_factory: Callable[..., VLLMServer] = VLLMServer,
     repeats: int = 1,
     answer_margins: bool = True,
+    load_process: bool = False,
 ) -> Measurement:
     """Start an engine with ``spec``, measure ``prompts`` through it, stop it.
 
@@ -184,7 +185,9 @@ def measure(
 
     A baseline at temperature 0 then answers the headline prompts again, untimed, with
     log-probabilities (:attr:`Measurement.answer_margins`: what a study's answer check
-    classifies differences with); ``answer_margins=False`` skips that pass.
+    classifies differences with); ``answer_margins=False`` skips that pass. ``load_process``: the
+    requests are sent from a process of their own (:class:`~spectune.load.LoadProcess`), as a
+    worker measuring several engines at once asks.
 
     Raises ConfigError before any engine starts when a level's window is smaller than the level,
     or when the engine here cannot run ``spec``'s method (:func:`~spectune.engines.check_runnable`).
@@ -196,8 +199,10 @@ def measure(
     started_at = dt.datetime.now(dt.timezone.utc)
     server = server_factory(engine, spec, log_path=log_path, startup_timeout=startup_timeout)
     hook("start", 0, 0)
-    with server:
-        run = _Run(server, workload, hook, window_timeout, len(prompts))
+    with contextlib.ExitStack() as stack:
+        send = stack.enter_context(LoadProcess()).run_load if load_process else run_load
+        stack.enter_context(server)  # stopped first: a window in flight in the load process ends with it
+        run = _Run(server, workload, hook, window_timeout, len(prompts), send)
         try:
             run.warm_up()
             results, counters = run.windows(windows)
@@ -240,8 +245,10 @@ class _Run:
     """The requests of one trial on its healthy engine: warm-up, headline windows, sweep levels."""
 
     def __init__(self, server: VLLMServer, workload: WorkloadSpec, hook: TrialHook, timeout: float | None,
-                 total: int) -> None:
+                 total: int, send: Callable[..., LoadResult] = run_load) -> None:
         self.server = server
+        self.send = send
+        """:func:`run_load`, or a load process's (:class:`~spectune.load.LoadProcess`)."""
         self.model = server.served_model_name
         self.workload = workload
         self.hook = hook
@@ -255,7 +262,7 @@ class _Run:
         self.hook("measure", done, self.total)
         workload = workload or self.workload
         with self.kv.watching():
-            result = run_load(self.server.base_url, self.model, prompts, workload, concurrency=workload.concurrency,
+            result = self.send(self.server.base_url, self.model, prompts, workload, concurrency=workload.concurrency,
                               progress=lambda d, t: self.hook("measure", done + d, self.total), timeout=self.timeout,
                               api_key=self.server.api_key)
         self.done += len(prompts)
@@ -266,7 +273,7 @@ class _Run:
         if self.workload.warmup_requests:
             warm = warmup_prompts(self.workload.warmup_requests, self.workload.sampling.max_tokens)
             self.hook("warmup", 0, len(warm))
-            run_load(self.server.base_url, self.model, warm, self.workload, concurrency=1, timeout=self.timeout,
+            self.send(self.server.base_url, self.model, warm, self.workload, concurrency=1, timeout=self.timeout,
                      api_key=self.server.api_key)
 
     def windows(self, windows: Sequence[Sequence[Prompt]]) -> tuple[list[LoadResult], SpecCounters]:
@@ -293,7 +300,7 @@ class _Run:
         self.hook("margins", 0, len(prompts))
         t0 = time.perf_counter()
         try:
-            res = run_load(self.server.base_url, self.model, prompts, self.workload, concurrency=self.workload.concurrency,
+            res = self.send(self.server.base_url, self.model, prompts, self.workload, concurrency=self.workload.concurrency,
                            progress=lambda d, t: self.hook("margins", d, t), timeout=self.timeout,
                            api_key=self.server.api_key, logprobs=2)
         except TimeoutError:

@@ -488,7 +488,8 @@ def run_worker(
                                                           of=round(config.time_budget or 0))))
         run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
                             prompts=ctx.prompts, measure=measure_fn or measure_engine, hook=hook,
-                            trial_progress=trial_progress, guard=guard)
+                            trial_progress=trial_progress, guard=guard,
+                            load_process=len(slots) > 1)  # engines side by side: clients that share no GIL
         worker = _Worker(ctx, strategy, run, slots, poll_seconds, guard)
         try:
             worker.run_slots()

@@ -10,7 +10,8 @@ Behaviours:
   (default 5) milliseconds apart, and counts them in ``vllm:generation_tokens_total``. Before it
   answers its health check it writes its command line, environment and start time as JSON to
   ``$FAKE_ENGINE_RECORD/<pid>.json`` when that folder is set (what GPU placement tests read),
-  and notes its stop time there when it is stopped (SIGTERM).
+  and notes its stop time there when it is stopped (SIGTERM); with ``FAKE_ENGINE_RECORD_CLIENTS=1``
+the processes that sent it requests too (``clients``, by their sockets' owners).
 
 With ``FAKE_ENGINE_BUSY_STARTS=N`` (and the record folder set), the first N starts exit at once
 with vLLM's refusal to start on a device whose memory is not yet free.
@@ -132,6 +133,20 @@ def _release_devices() -> None:
             Path(state, f"{device}.used").unlink(missing_ok=True)
 
 
+def _note_client(request: web.Request, clients: set[int]) -> None:
+    import psutil
+
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    if peer is None:
+        return
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.laddr and conn.laddr.port == peer[1] and conn.pid is not None and conn.pid != os.getpid():
+            if conn.pid not in clients:
+                clients.add(conn.pid)
+                _record({"clients": sorted(clients)})
+            return
+
+
 def _record(update: dict[str, object]) -> None:
     folder = os.environ.get("FAKE_ENGINE_RECORD")
     if not folder:
@@ -183,8 +198,12 @@ def main() -> None:
         await asyncio.sleep(10**6)
         return web.Response(status=500)
 
+    clients: set[int] = set()
+
     async def serve(request: web.Request) -> web.StreamResponse:
         nonlocal generated
+        if os.environ.get("FAKE_ENGINE_RECORD_CLIENTS") == "1":  # which process sends: by its socket
+            _note_client(request, clients)
         body = await request.json()
         n = int(body.get("max_tokens") or 16)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

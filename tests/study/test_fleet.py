@@ -53,6 +53,7 @@ def _measured_keys(study: optuna.Study) -> Counter[str]:
 def _fake_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token_ms: int = 20) -> Path:
     record = tmp_path / "engines"
     record.mkdir()
+    monkeypatch.setenv("FAKE_ENGINE_RECORD_CLIENTS", "1")
     monkeypatch.setenv("FAKE_ENGINE_RECORD", str(record))
     monkeypatch.setenv("FAKE_ENGINE_BEHAVIOUR", "serve")
     monkeypatch.setenv("FAKE_ENGINE_TOKEN_MS", str(token_ms))
@@ -93,6 +94,8 @@ def test_each_gpu_group_runs_its_own_engine_at_the_same_time(tmp_path: Path, rep
     spans = sorted((e["started"], e["stopped"], e["env"]["CUDA_VISIBLE_DEVICES"]) for e in engines)
     overlapping = [(a, b) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
     assert overlapping and all(a[2] != b[2] for a, b in overlapping)  # two engines at once, never on one group
+    senders = {pid for e in engines for pid in e.get("clients", [])}
+    assert senders and os.getpid() not in senders  # each trial's requests from a process of its own: no shared GIL
     study = optuna.load_study(study_name="placed", storage=cfg.storage)
     placed = {t.user_attrs["placement"]["gpus"] for t in study.trials}
     assert placed == groups  # where each trial ran is recorded with it, and shown
@@ -109,6 +112,26 @@ def test_each_gpu_group_runs_its_own_engine_at_the_same_time(tmp_path: Path, rep
     other = "0-1" if gpus == "0,1" else "0"
     with pytest.raises(ConfigError, match="would not compare"):
         run_study(cfg.model_copy(update={"trials": 5}), gpus=other, measure_fn=fake_measure)
+
+
+def test_a_worker_of_one_slot_sends_its_requests_itself_and_a_load_process_relays_its_progress(
+        tmp_path: Path, repetitive_prompts: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
+    from spectune.load import LoadProcess
+
+    record = _fake_engines(tmp_path, monkeypatch)
+    cfg = study_config(tmp_path, "stand-in", repetitive_prompts, NGRAM_SPACE, "alone", trials=2)
+    run_study(cfg, measure_fn=functools.partial(measure, server_factory=functools.partial(VLLMServer, platform=FAKE)))
+    assert {pid for e in _records(record) for pid in e.get("clients", [])} == {os.getpid()}  # one engine: no process
+    prompts = [Prompt(id=f"p{i}", text="hello") for i in range(6)]
+    seen: list[tuple[int, int]] = []
+    with VLLMServer(EngineArgs(model="m"), SpecConfig(), log_path=tmp_path / "e.log", platform=FAKE,
+                    startup_timeout=60) as server, LoadProcess() as process:
+        result = process.run_load(server.base_url, server.served_model_name, prompts,
+                                  WorkloadSpec(source="x.jsonl", concurrency=3, sampling={"max_tokens": 8}),
+                                  api_key=server.api_key, progress=lambda d, t: seen.append((d, t)))
+    assert [r.output_tokens for r in result.records] == [8] * 6 and result.concurrency == 3
+    assert seen == [(i, 6) for i in range(1, 7)]
 
 
 def test_a_space_fixing_tensor_parallelism_refuses_groups_of_another_size(tmp_path: Path, repetitive_prompts: Path) -> None:
