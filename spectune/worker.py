@@ -496,7 +496,7 @@ def run_worker(
         except Stopped:
             if not stopped:  # a Stopped no signal of ours asked for: not a polite stop
                 raise
-        if len(worker.lost) == len(slots):
+        if len(worker.lost) == len(slots) and not stopped:
             raise SlotsLostError(f"this worker stops: every slot failed {SLOT_FAULTS_OUT} times in a row for "
                                  f"reasons of its own, not of the configurations ({next(iter(worker.lost.values()))});"
                                  " their trials are handed back to the study")
