@@ -59,7 +59,7 @@ def test_edges_are_those_of_tuned_ranges_that_can_grow() -> None:
 
 
 def test_a_widened_space_holds_the_values_past_the_edge_and_is_stored_and_applied_again() -> None:
-    space = load_space("ngram").resolve("org/model")
+    space = load_space("ngram").for_platform("cpu").resolve("org/model")  # n-gram lookup alone
     wider = space.widened(f"ngram.{K}", "high")
     assert wider is not None
     with pytest.raises(ConfigError, match="is not in methods.ngram"):
