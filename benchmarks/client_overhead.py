@@ -13,6 +13,10 @@ ways (A B A B) so that drift touches both.
     .venv/bin/python benchmarks/client_overhead.py                 # 1, 2, 4 engines, 32 in flight each
     .venv/bin/python benchmarks/client_overhead.py --engines 1,2 --requests 32 --rounds 1 --out /tmp/co.json
 
+``--tokenizer DIR`` (a model folder: its tokenizer only) also runs ``vllm bench serve`` against one
+engine at the same concurrency, each round, for the same figure from vLLM's own client (its
+saved ``median_itl_ms`` and ``p99_itl_ms``).
+
 Writes benchmarks/results/client_overhead.json with the date, the machine (processor and its
 features) and versions. Every engine started here is stopped on every path.
 """
@@ -66,6 +70,26 @@ def _drive(servers: list[Any], way: str, prompts: list[Any], workload: Any) -> l
     return figures
 
 
+def _vllm_bench(server: Any, tokenizer: Path, args: argparse.Namespace, work: Path, r: int) -> dict[str, float]:
+    """``vllm bench serve`` against ``server``: random prompts, ``--max-tokens`` each, as many in
+    flight as spectune sends; its median and p99 inter-token latency."""
+    import subprocess
+
+    from spectune.engines import vllm_cli
+
+    out = work / f"bench-{r}"
+    cmd = [*vllm_cli(), "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
+           "--base-url", server.base_url, "--model", server.served_model_name, "--tokenizer", str(tokenizer),
+           "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", str(args.max_tokens),
+           "--ignore-eos", "--num-prompts", str(args.requests), "--max-concurrency", str(args.concurrency),
+           "--request-rate", "inf", "--percentile-metrics", "itl", "--metric-percentiles", "50,99", "--disable-tqdm",
+           "--save-result", "--result-dir", str(out), "--result-filename", "bench.json"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600,
+                   env={**os.environ, "OPENAI_API_KEY": server.api_key, "TMPDIR": str(work)})
+    data = json.loads((out / "bench.json").read_text())
+    return {"itl_median_ms": data["median_itl_ms"], "itl_p99_ms": data["p99_itl_ms"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines", default="1,2,4", help="engines measured at once, one run per count")
@@ -75,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-ms", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "client_overhead.json")
+    parser.add_argument("--tokenizer", type=Path, help="a model folder: also run vllm bench serve against one engine")
     args = parser.parse_args(argv)
     counts = [int(x) for x in args.engines.split(",")]
 
@@ -102,14 +127,25 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(f"{n} engine(s), round {r}, {way:9}: median ITL {row['overhead_ms'] + args.token_ms:.2f} ms "
                           f"(overhead {row['overhead_ms']:.2f} ms), worst p99 ITL {row['itl_p99_ms']:.1f} ms", flush=True)
+        for r in range(args.rounds if args.tokenizer else 0):
+            for way in ("threads", "vllm bench") if r % 2 == 0 else ("vllm bench", "threads"):
+                if way == "vllm bench":
+                    fig = _vllm_bench(servers[0], args.tokenizer, args, Path(work), r)
+                else:
+                    fig = _drive(servers[:1], "threads", prompts, workload)[0]
+                rows.append({"engines": 1, "round": r, "way": way, "per_engine": [fig],
+                             "overhead_ms": fig["itl_median_ms"] - args.token_ms, "itl_p99_ms": fig["itl_p99_ms"]})
+                print(f"1 engine, round {r}, {way:10}: median ITL {fig['itl_median_ms']:.2f} ms, "
+                      f"p99 {fig['itl_p99_ms']:.1f} ms", flush=True)
     summary = {}
     for n in counts:
-        for way in ("threads", "processes"):
-            summary[f"{n} {way}"] = statistics.median(r["overhead_ms"] for r in rows if r["engines"] == n and r["way"] == way)
+        for way in ("threads", "processes", "vllm bench"):
+            if same := [r["overhead_ms"] for r in rows if r["engines"] == n and r["way"] == way]:
+                summary[f"{n} {way}"] = statistics.median(same)
     print("\nmedian client overhead per token (ms):")
     for key, value in summary.items():
         print(f"  {key:14} {value:6.2f}")
-    record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "args": vars(args) | {"out": str(args.out)},
+    record = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "hardware": hardware().model_dump(), "versions": versions().model_dump(), "summary_ms": summary, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
