@@ -89,7 +89,12 @@ def hub_files(name: str, what: str) -> Path | None:
             hub has no such model (``what`` names its role: target, draft, head).
     """
     from huggingface_hub import constants, hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
 
     from spectune.errors import ConfigError
 

@@ -17,7 +17,12 @@ from pathlib import Path
 
 from spectune._util import ProgressHook, every
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
-from spectune.counters import SpecCounters, fetch_counters, fetch_metrics, parse_kv_cache
+from spectune.counters import (
+    SpecCounters,
+    fetch_counters,
+    fetch_metrics,
+    parse_kv_cache,
+)
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer, check_runnable
 from spectune.errors import (
     ConfigError,

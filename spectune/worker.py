@@ -50,19 +50,22 @@ from typing import TYPE_CHECKING, Any
 
 from spectune._util import STOPS, Stopped, every
 from spectune.config import candidate_label
-from spectune.errors import BaselineFailedError, ConfigError, EngineError, EngineSlotError, SlotsLostError, StorageUnreachableError
+from spectune.errors import (
+    BaselineFailedError,
+    EngineError,
+    EngineSlotError,
+    SlotsLostError,
+    StorageUnreachableError,
+)
 from spectune.measurement import candidate_key
 from spectune.objective import TrialFunction, trial_id
 from spectune.records import (
     INTERRUPTED,
     RECORD_VERSION,
     Placement,
-    StudyRecord,
     TrialRecord,
     write_fields,
-    write_study_fields,
 )
-from spectune.slots import Slot, check_placement, parse_gpus
 from spectune.search import (
     Run,
     SearchStrategy,
@@ -72,6 +75,7 @@ from spectune.search import (
     Wait,
     snapshots,
 )
+from spectune.slots import Slot, check_placement, parse_gpus
 from spectune.storage import StorageGuard, resolve_storage_url, study_lock, worker_claim
 from spectune.study import (
     StudyConfig,
@@ -85,7 +89,7 @@ from spectune.study import (
 if TYPE_CHECKING:
     import optuna
 
-    from spectune.config import EngineArgs, SpecConfig
+    from spectune.config import SpecConfig
     from spectune.measurement import Measurement
     from spectune.trial import TrialHook
 

@@ -44,7 +44,6 @@ from pathlib import Path
 
 from aiohttp import web
 
-
 _CORE = "(EngineCore_DP0 pid=4242) ERROR 12-07 10:00:01 [core.py:866] "
 _CUDA_HINT = [
     "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.",

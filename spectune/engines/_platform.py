@@ -22,6 +22,7 @@ else:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.metadata
@@ -29,6 +30,7 @@ import os
 import shlex
 import shutil
 import sys
+import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -301,3 +303,42 @@ def cpu_binding(platform: Platform, tensor_parallel_size: int | None = None,
 
 _INITIAL_AFFINITY = frozenset(os.sched_getaffinity(0))
 """The CPUs this process could use when spectune was imported, before any engine pinned it."""
+
+
+class _ClientPin:
+    """Keeps every thread of this process on given CPUs while at least one engine wants it, and
+    gives the threads their earlier CPUs back when the last one stops (engines may overlap)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._before: dict[int, set[int]] = {}
+
+    def acquire(self, cpus: set[int]) -> None:
+        with self._lock:
+            self._users += 1
+            if self._users > 1:
+                return
+            for tid in map(int, os.listdir("/proc/self/task")):
+                with contextlib.suppress(OSError):  # a thread gone meanwhile
+                    self._before[tid] = os.sched_getaffinity(tid)
+                    os.sched_setaffinity(tid, cpus)
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            main = self._before.get(os.getpid())
+            # threads of this process only (a saved thread id may have gone and been reused
+            # elsewhere); a thread started while pinned gets the main thread's CPUs back
+            for tid in map(int, os.listdir("/proc/self/task")):
+                cpus = self._before.get(tid, main)
+                if cpus is not None:
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(tid, cpus)
+            self._before = {}
+
+
+CLIENT_PIN = _ClientPin()
+"""This process's client threads, kept off a pinned engine's compute CPUs while it runs."""

@@ -27,7 +27,12 @@ from spectune.engines._base import EngineServer
 from spectune.engines._faults import MEMORY_BUSY, slot_fault, summarize_failure
 from spectune.engines._gpu_memory import device_memory_used, weights_from_log
 from spectune.engines._guard import GUARD
-from spectune.engines._platform import Platform, cpu_binding, detect_platform
+from spectune.engines._platform import (
+    CLIENT_PIN,
+    Platform,
+    cpu_binding,
+    detect_platform,
+)
 from spectune.errors import EngineSlotError, EngineStartError, EngineTimeoutError
 
 _logger = logging.getLogger(__name__)
@@ -130,42 +135,6 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class _ClientPin:
-    """Keeps every thread of this process on given CPUs while at least one engine wants it, and
-    gives the threads their earlier CPUs back when the last one stops (engines may overlap)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._before: dict[int, set[int]] = {}
-
-    def acquire(self, cpus: set[int]) -> None:
-        with self._lock:
-            self._users += 1
-            if self._users > 1:
-                return
-            for tid in map(int, os.listdir("/proc/self/task")):
-                with contextlib.suppress(OSError):  # a thread gone meanwhile
-                    self._before[tid] = os.sched_getaffinity(tid)
-                    os.sched_setaffinity(tid, cpus)
-
-    def release(self) -> None:
-        with self._lock:
-            self._users -= 1
-            if self._users > 0:
-                return
-            main = self._before.get(os.getpid())
-            # threads of this process only (a saved thread id may have gone and been reused
-            # elsewhere); a thread started while pinned gets the main thread's CPUs back
-            for tid in map(int, os.listdir("/proc/self/task")):
-                cpus = self._before.get(tid, main)
-                if cpus is not None:
-                    with contextlib.suppress(OSError):
-                        os.sched_setaffinity(tid, cpus)
-            self._before = {}
-
-
-_CLIENT_PIN = _ClientPin()
 
 
 NOT_INHERITED = frozenset({"VLLM_PORT"})
@@ -328,7 +297,7 @@ class VLLMServer(EngineServer):
                 preexec_fn=self._in_child,  # noqa: PLW1509 - prctl and sched_setaffinity only
             )
         if self.binding is not None:  # the client too: off the engine's compute CPUs while it lives
-            _CLIENT_PIN.acquire(set(self.binding.frontend))
+            CLIENT_PIN.acquire(set(self.binding.frontend))
             self._client_pinned = True
         self._start_watchdog()
         self._start_sampler()
@@ -345,7 +314,7 @@ class VLLMServer(EngineServer):
         proc = self._proc
         self._sampling.set()
         if self._client_pinned:
-            _CLIENT_PIN.release()
+            CLIENT_PIN.release()
             self._client_pinned = False
         if proc is not None:
             self._stop_group(proc)

@@ -31,7 +31,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
@@ -46,8 +46,8 @@ from spectune.predict import (
 )
 from spectune.records import (
     KNOBS_BY_SAMPLER,
-    RECHECK_BEST,
     RECHECK_BASELINE,
+    RECHECK_BEST,
     RECHECK_CONTENDER,
     RECHECK_SURPRISE,
     StudyRecord,
@@ -355,7 +355,6 @@ class StudyStrategy(SearchStrategy):
         predictions = [p for p in predictions if p not in outside]
         running = [p for p in predictions if spec_key(p.spec.to_vllm()) in busy]
         todo = [p for p in predictions if spec_key(p.spec.to_vllm()) not in busy]
-        top = standing.top
         step = sum(1 for t in trials if t.rec.guided and t.rec.retry_of is None)
         # its best measured again before stopping, and the search goes on: no guided pick since then
         rechecked = max((t.number for t in trials if t.rec.recheck == RECHECK_BEST), default=None)
@@ -364,10 +363,25 @@ class StudyStrategy(SearchStrategy):
                          margin=standing.tolerance, pick=standing.pick, pick_sd=standing.pick_sd,
                          stop_chance=STOP_CHANCE, running=running)
         unmeasured = max(plan.chances.values(), default=0.0)
-        again = measured_again(trials)  # measured again already (a failed engine is data: not again)
-        contenders = [(c, p) for c, p in standing.contenders() if c.row.number not in again]
+        guide = self._guide_record(study, standing, inputs, plan, running, outside, unmeasured)
+        if plan.pick is None:
+            return self._before_stopping(study, view, trials, standing, plan, guide, busy=bool(busy),
+                                         unmeasured=unmeasured)
+        write_study_fields(study, guide=guide)
+        p = plan.pick
+        return Run(self.space.params_of(p.spec), TrialRecord(
+            predicted_objective=p.objective, predicted=p.value.value, predicted_low=p.value.low,
+            predicted_high=p.value.high, predicted_acceptance_length=p.mean_acceptance_length,
+            prediction_source=p.source, guide_reason=plan.reason, guide_step=step,
+        ), why=f"guided search: the most {plan.reason}")
+
+    def _guide_record(self, study: optuna.Study, standing: _Standing, inputs: Any, plan: Any, running: list[Prediction],
+                      outside: list[Prediction], unmeasured: float) -> dict[str, Any]:
+        """What guided search's plan rests on, for the study attribute ``guide`` (the dashboard and
+        ``show``): the best measured, the spread and tolerance, the chances, what it skipped."""
         errors = inputs.errors()
-        guide = {
+        maximize = standing.maximize
+        return {
             "best_measured": standing.pick,
             "engine_spread": inputs.engine_spread,  # over the same trials as best and top
             "tolerance": standing.tolerance,
@@ -385,48 +399,48 @@ class StudyStrategy(SearchStrategy):
                          "chance": plan.chances.get(p.label)}
                         for p in plan.skipped],
         }
-        if plan.pick is None and busy:
-            write_study_fields(study, guide=guide)
-            return Wait("guided search would stop; the trials running may change its plan")
-        if plan.pick is None and top is not None and len(top.values) == 1 \
-                and top.row.number not in again and (contenders or unmeasured > STOP_CHANCE
-                                                                       or standing.chance(settled=True) > STOP_CHANCE):
-            write_study_fields(study, guide=guide)
+
+    def _before_stopping(self, study: optuna.Study, view: StudyView, trials: Sequence[Snapshot], standing: _Standing,
+                         plan: Any, guide: dict[str, Any], *, busy: bool, unmeasured: float) -> Decision | None:
+        """Where the plan has no pick: wait for the trials running, measure the best, a rival or
+        the baseline again, let the sampler try the engine knobs, or stop (None), saying why."""
+        decision = Wait("guided search would stop; the trials running may change its plan") if busy \
+            else self._last_measurements(view, trials, standing, unmeasured)
+        top = standing.top
+        if decision is None:
+            guide["stop_reason"] = stop_reason(len(plan.skipped), guide["chance"], standing.tolerance,
+                                               top.row.label if top is not None else None,
+                                               top.row.number if top is not None else None)
+        write_study_fields(study, guide=guide)
+        if decision is None and not self._stop_reported:
+            _logger.info("guided search stops: %s", guide["stop_reason"])
+            self._stop_reported = True
+            if self.on_guide_stop is not None:
+                self.on_guide_stop(len(plan.skipped))
+            if self.on_guide_stopped is not None:
+                self.on_guide_stopped(guide["stop_reason"])
+        return decision
+
+    def _last_measurements(self, view: StudyView, trials: Sequence[Snapshot], standing: _Standing,
+                           unmeasured: float) -> Run | None:
+        """What to measure again before the search stops (the best on a second engine, a rival
+        that could still beat it, the baseline, the engine knobs), or None."""
+        top = standing.top
+        again = measured_again(trials)  # measured again already (a failed engine is data: not again)
+        contenders = [(c, p) for c, p in standing.contenders() if c.row.number not in again]
+        if top is not None and len(top.values) == 1 and top.row.number not in again \
+                and (contenders or unmeasured > STOP_CHANCE or standing.chance(settled=True) > STOP_CHANCE):
             _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
             return _again(trials, top.row.number, RECHECK_BEST)
-        if plan.pick is None and contenders:  # a rival measured once could still beat the pick: once more
+        if contenders:  # a rival measured once could still beat the pick: once more
             rival, chance = contenders[0]
-            write_study_fields(study, guide=guide)
             _logger.info("guided search would stop; first measuring %s again (a %.0f %% chance of beating %s by "
                          "more than %.1f %%)", rival.row.label, 100 * chance, top.row.label if top else "-",
                          100 * standing.tolerance)
             return _again(trials, rival.row.number, RECHECK_CONTENDER)
-        if plan.pick is None and (base_again := self._recheck_baseline(view, trials)) is not None:
-            write_study_fields(study, guide=guide)
+        if (base_again := self._recheck_baseline(view, trials)) is not None:
             return base_again
-        if plan.pick is None and (explore := self._explore_knobs(view, trials)) is not None:
-            write_study_fields(study, guide=guide)
-            return explore
-        if plan.pick is None:
-            why = stop_reason(len(plan.skipped), guide["chance"], standing.tolerance,
-                              top.row.label if top is not None else None, top.row.number if top is not None else None)
-            guide["stop_reason"] = why
-            write_study_fields(study, guide=guide)
-            if not self._stop_reported:
-                _logger.info("guided search stops: %s", why)
-                self._stop_reported = True
-                if self.on_guide_stop is not None:
-                    self.on_guide_stop(len(plan.skipped))
-                if self.on_guide_stopped is not None:
-                    self.on_guide_stopped(why)
-            return None
-        write_study_fields(study, guide=guide)
-        p = plan.pick
-        return Run(self.space.params_of(p.spec), TrialRecord(
-            predicted_objective=p.objective, predicted=p.value.value, predicted_low=p.value.low,
-            predicted_high=p.value.high, predicted_acceptance_length=p.mean_acceptance_length,
-            prediction_source=p.source, guide_reason=plan.reason, guide_step=step,
-        ), why=f"guided search: the most {plan.reason}")
+        return self._explore_knobs(view, trials)
 
     def _recheck_baseline(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
         """The baseline again on a fresh engine, once, when the search would stop with the baseline

@@ -17,8 +17,7 @@ import pytest
 from conftest import FAKE_ENGINE, study_config
 
 from spectune.engines import Platform, VLLMServer
-from spectune.predict import DraftReplays
-from spectune.predict import _draft_replay
+from spectune.predict import DraftReplays, _draft_replay
 from spectune.results import StudyView
 from spectune.search import StudyStrategy
 from spectune.study import create_study

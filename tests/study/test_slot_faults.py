@@ -21,7 +21,12 @@ from fake_engine import FAULTS
 
 from spectune.config import EngineArgs, SpecConfig
 from spectune.engines import Platform, VLLMServer, slot_fault
-from spectune.errors import BaselineFailedError, EngineSlotError, EngineStartError, SlotsLostError
+from spectune.errors import (
+    BaselineFailedError,
+    EngineSlotError,
+    EngineStartError,
+    SlotsLostError,
+)
 from spectune.search import snapshots
 from spectune.trial import measure
 from spectune.worker import run_study
