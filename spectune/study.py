@@ -333,13 +333,13 @@ def _checked_engine(config: StudyConfig, space: SearchSpace, prompts: list[Promp
     from spectune.pairing import check_model_access, check_pairing
     from spectune.trial import plan_windows
 
-    check_model_access(config.target)  # a gated or unknown hub model: one line, before any engine
     engine = config.engine_args(space)
     for method in space.methods:
         if why := method_refusal(method.value, space.engine_fields(method), engine.env):
             raise ConfigError(f"{space.source or config.space}: methods.{method}: {why}; leave it out of the space")
     for method, model in space.proposers():
         check_pairing(config.target, model, method)
+    check_model_access(config.target)  # a gated or unknown hub model: one line, before any engine
     if Method.NONE not in space.methods:
         raise ConfigError(f"{space.source or config.space}: methods: the space needs 'none' (the baseline)")
     plan_windows(prompts, config.workload, config.repeats)  # a sweep's levels each get enough prompts

@@ -88,12 +88,20 @@ def test_model_free_methods_and_missing_proposers_are_not_checked(checkpoints: d
     check_pairing(str(checkpoints["target"]), None, Method.MTP)
 
 
-def test_hub_names_pass_with_a_warning(checkpoints: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+def test_hub_names_out_of_reach_pass_with_a_warning(checkpoints: dict[str, Path], caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the hub (offline here) nor its cache has them: left to vLLM, in one warning each
+    (tests/test_hub_names.py checks hub names against a stand-in hub)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(checkpoints["target"].parent / "empty-hf-cache"))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(checkpoints["target"].parent / "empty-hf-cache"))
     with caplog.at_level(logging.WARNING, logger="spectune.pairing"):
         check_pairing("org/target-model", str(checkpoints["other"]), Method.DRAFT_MODEL)
         check_pairing(str(checkpoints["target"]), "org/draft-model", "draft_model")
-    assert caplog.text.count("cannot check offline") == 2
-    assert "org/target-model is a hub name" in caplog.text
+    assert caplog.text.count("the Hugging Face hub cannot be reached and its cache lacks") == 2
+    assert "its cache lacks org/target-model" in caplog.text and "its cache lacks org/draft-model" in caplog.text
 
 
 def test_missing_local_paths_are_errors(checkpoints: dict[str, Path], tmp_path: Path) -> None:
