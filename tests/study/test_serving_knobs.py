@@ -13,7 +13,7 @@ from spectune.export import export_best
 from spectune.results import open_study
 from spectune.worker import run_study
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.quiet]  # batching's gain against two starts' spread
 
 KNOB_SPACE = """
 methods:

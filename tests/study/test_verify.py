@@ -34,6 +34,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return exit_.value.code, out, err
 
 
+@pytest.mark.quiet  # the speed measured now against the study's
 def test_the_export_holds_where_it_was_measured(exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     provenance = json.loads(exported.with_name("best.provenance.json").read_text())
     code, out, err = _run(["verify", str(exported), "--json", "--log-dir", str(tmp_path / "logs")], capsys)
