@@ -195,6 +195,8 @@ class VLLMServer(EngineServer):
         self._peak_rss = 0
         self._peak_gpu = 0
         self._on_gpu = self.platform.name == "gpu"
+        self._weights: int | None = None
+        """Bytes of the weights the engine's workers loaded, as they said (read once it is healthy)."""
         self._gpu_before: int | None = None
         """Memory the engine's devices held before it started (other processes'), read at its launch."""
         self._sampler: threading.Thread | None = None
@@ -242,14 +244,14 @@ class VLLMServer(EngineServer):
     def peak_memory_bytes(self) -> int | None:
         kind = self.memory_kind
         if kind == "gpu_weights":
-            return weights_from_log(self.log_tail(2000).splitlines())
+            return self._weights
         return (self._peak_gpu or None) if kind == "gpu_device" else (self._peak_rss or None)
 
     @property
     def memory_kind(self) -> str:
         """``gpu_weights`` (the engine's account of its weights, target and draft), ``gpu_device``
         (its devices' memory beyond what they held before it started), or ``host_rss``."""
-        if self._on_gpu and weights_from_log(self.log_tail(2000).splitlines()) is not None:
+        if self._weights is not None:
             return "gpu_weights"
         return "gpu_device" if self._peak_gpu else "host_rss"
 
@@ -303,6 +305,8 @@ class VLLMServer(EngineServer):
         self._start_sampler()
         self._wait_healthy(t0)
         self.startup_seconds = time.monotonic() - t0
+        if self._on_gpu:  # the workers said what their weights took while they loaded: read once
+            self._weights = weights_from_log(self.log_tail(2000).splitlines())
         _logger.info("engine healthy on %s after %.1f s", self.base_url, self.startup_seconds)
 
     def _in_child(self) -> None:  # pragma: no cover - runs in the child between fork and exec
