@@ -108,14 +108,12 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
     from rich.console import Console
     from rich.markup import escape
 
+    from spectune.errors import ConfigError
     from spectune.records import StudyRecord
     from spectune.report import level_rows
-    from spectune.errors import ConfigError
     from spectune.results import (
         answers_line,
         edge_notes,
-        engine_spread,
-        engine_spread_note,
         prediction_errors_note,
         stop_note,
     )
@@ -167,8 +165,7 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
                       f"the best measured (spectune predict ranks them)")
     for note in edge_notes(view):
         console.print(escape(note))
-    if (spread := engine_spread_note(engine_spread(view.engines()))) is not None:
-        console.print(spread)
+    console.print(escape(view.spread().note()))
     try:
         choice = view.best()
     except ConfigError:

@@ -283,9 +283,11 @@ def _header(view: StudyView, choice: Choice, m: Measurement, path: Path, schedul
     return [
         f"vllm serve --config {path.name}   (written by spectune)",
         f"study {view.name!r}, trial {row.number}: {row.label}",
-        f"{objective} = {choice.value:.4g}" + (f", {choice.speedup:.3f}x the baseline" if choice.speedup else "")
+        f"{objective} = {choice.value:.4g}" + (f", {choice.gain_text} the baseline ({choice.band_kind})"
+                                               if choice.gain_text and not choice.is_baseline else "")
         + (f" (mean of {len(choice.engines)} engines)" if len(choice.engines) > 1 else ""),
         f"decision: {choice.reason}",
+        *([choice.spread.note()] if choice.spread is not None else []),
         *([answers] if (answers := answers_line(view, choice)) is not None else []),
         f"workload {m.workload.source}: {m.num_requests} requests, max_tokens {m.workload.sampling.max_tokens}, "
         f"temperature {m.workload.sampling.temperature}, "
@@ -323,11 +325,12 @@ def _provenance(view: StudyView, choice: Choice, m: Measurement, config: dict[st
         "decision": choice.reason,
         "noise_band": choice.noise_band,
         "band_kind": choice.band_kind,
-        "engine_spread": choice.engine_spread,
+        "engine_spread": choice.spread.record() if choice.spread is not None else None,
         "answers": {"rule": rule.value if (rule := view.answer_rule) is not None else None,
                     "line": answers_line(view, choice), "fidelity": row.fidelity},
         "objectives": _mean_objectives(view.objectives, chosen),
         "speedup": choice.speedup,
+        "interval": list(choice.interval) if choice.interval else None,
         "engines": {"value": choice.value, "each": choice.engines, "baseline_each": choice.baseline_engines},
         "measurements": chosen,
         "baseline": {"trial": choice.baseline.number,

@@ -16,6 +16,7 @@ __all__ = [
     "RECHECK_BASELINE",
     "RECHECK_BEST",
     "RECHECK_CONTENDER",
+    "RECHECK_SPREAD",
     "RECHECK_SURPRISE",
     "RECORD_VERSION",
     "Placement",
@@ -55,7 +56,12 @@ RECHECK_BEST = "the best when the search would stop"
 """Why guided search measured a configuration again: the best, before the search stops."""
 RECHECK_BASELINE = "the baseline, the best gain within the band"
 """Why guided search measured the baseline again: the best speculative configuration's gain lay
-within the paired band (:func:`spectune.results.paired_band`), the baseline measured on one engine."""
+within the paired band (:func:`spectune.results.paired_band`), the baseline tried on fewer engines
+than :data:`spectune.search._study.SETTLE_STARTS` (the best then once more too, as a rival)."""
+RECHECK_SPREAD = "the baseline, no engine spread known on this machine"
+"""Why guided search measured the baseline again before its first pick: no configuration was
+measured on two engines on this machine yet (:meth:`spectune.results.StudyView.spread` on its
+prior alone), and the band and stopping rule rest on that spread."""
 RECHECK_CONTENDER = "a rival when the search would stop"
 """Why guided search measured a configuration again: measured on one engine, it still had more
 than the stopping rule's chance of beating the pick by more than the tolerance."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,22 @@ from typing import TYPE_CHECKING, Any
 from spectune.answers import ANSWERS, AnswerRule, Fidelity, compare
 from spectune.errors import ConfigError, EngineError, StorageError
 from spectune.measurement import NOISE_FLOOR, Objective, candidate_key, speedup
+from spectune.noise import (
+    BAND_Z,
+    PRIOR_ENGINE_SPREAD,
+    EngineSpread,
+    band_of,
+    engine_spread,
+    engine_spread_note,
+    estimate,
+    interval,
+    interval_text,
+    machine_key,
+    paired_band,
+    paired_gap_error,
+    pooled_spread,
+    prior_for,
+)
 from spectune.records import StudyRecord, TrialRecord
 from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, safe_url
 
@@ -23,8 +39,9 @@ if TYPE_CHECKING:
 
     from spectune.measurement import Measurement
 
-__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "answers_line", "Engines", "LevelRow", "StudyView", "TrialRow", "edge_notes", "engine_spread", "engine_spread_note",
-           "open_study", "paired_band", "paired_gap_error", "pooled_spread", "prediction_errors_note", "speedup"]
+__all__ = ["BAND_Z", "PRIOR_ENGINE_SPREAD", "Choice", "EngineSpread", "Engines", "LevelRow", "StudyView", "TrialRow",
+           "answers_line", "edge_notes", "engine_spread", "engine_spread_note", "open_study", "paired_band", "paired_gap_error",
+           "pooled_spread", "prediction_errors_note", "speedup"]
 
 @dataclass(frozen=True)
 class TrialRow:
@@ -142,99 +159,6 @@ class Engines:
         return cls(rows[0], values, [r.number for r in rows], max(window, spread), all(r.feasible for r in rows))
 
 
-PRIOR_ENGINE_SPREAD = 0.10
-"""How much two engine starts of one configuration are believed to differ (relative standard
-deviation) before the study has measured a configuration on two engines (:func:`engine_spread`):
-that pooled spread lies between 5 and 21 % on the recorded landscapes with repeated starts
-(:meth:`spectune.landscape.Landscape.engine_spread`; ``benchmarks/results/landscapes.json``).
-It widens a cost fitted on one configuration measured on one engine
-(:func:`spectune.predict.fit_cost`), whose windows alone tell nothing of how fast its engine ran,
-and the paired band of a choice (:func:`paired_band`) until the study measured the spread."""
-
-BAND_Z = 1.96
-"""The paired band is a 95 % interval on the gap between the choice and the baseline."""
-
-
-def engine_spread(configs: Sequence[Engines]) -> float | None:
-    """How much engine starts of one configuration differ: the pooled relative standard
-    deviation over the configurations measured on two engines or more (each configuration's
-    variance over its squared mean, weighted by its degrees of freedom); None without any.
-
-    Engines on one machine differ by more than the windows on one engine tell (on the 2-core
-    CPUs of ``benchmarks/``, about 12 %, against 4-6 % between windows): a configuration
-    measured on one engine may owe its lead to its engine. Guided search's re-measurements of
-    surprises count too: they are chosen for a first engine far from its prediction, which
-    inflates the figure, but on a machine where one engine start can land that far, a
-    configuration measured once is that uncertain."""
-    return pooled_spread([c.values for c in configs])
-
-
-def pooled_spread(groups: Iterable[Sequence[float]]) -> float | None:
-    """The pooled relative standard deviation of ``groups`` (each the values of one configuration
-    on its engines): each group's variance over its squared mean, weighted by its degrees of
-    freedom, over the groups of two values or more; None without any (:func:`engine_spread`)."""
-    pairs = [(len(v) - 1, statistics.variance(v) / mean ** 2)
-             for v in groups if len(v) > 1 and (mean := statistics.fmean(v))]
-    dof = sum(n for n, _ in pairs)
-    return math.sqrt(sum(n * v for n, v in pairs) / dof) if dof else None
-
-
-def paired_band(a: Sequence[Measurement], b: Sequence[Measurement], objective: Objective, *,
-                n_a: int, n_b: int, spread: float | None) -> float | None:
-    """The relative half-width of a 95 % interval on the gap between two configurations, each
-    measured on the prompts of one workload: ``a`` and ``b`` on their engines (``n_a``, ``n_b``).
-
-    Paired per prompt: each prompt's log ratio of ``a`` to ``b`` (its per-request figure,
-    :meth:`Objective.request_values`, averaged over each one's engines), whose spread over the
-    prompts says how far the gap on the prompts not sampled may lie from the gap on these (its
-    standard error); how much one prompt is faster than another cancels out. Over a load mix
-    whose levels kept their requests, each level's gap on its own prompts, weighted as the
-    objective weighs them (:func:`paired_gap_error`). On top, the engine starts: each
-    configuration's mean over its engines is off by ``spread`` / sqrt(engines)
-    (:data:`PRIOR_ENGINE_SPREAD` until measured). None when fewer than 3 prompts pair up."""
-    found = paired_gap_error(a, b, objective)
-    return _band(found[0], n_a, n_b, spread) if found is not None else None
-
-
-def _band(error: float, n_a: int, n_b: int, spread: float | None) -> float:
-    """The band's half-width from the paired gap's standard error and the engine starts'."""
-    s = spread if spread is not None else PRIOR_ENGINE_SPREAD
-    return BAND_Z * math.sqrt(error ** 2 + s ** 2 / max(n_a, 1) + s ** 2 / max(n_b, 1))
-
-
-def paired_gap_error(a: Sequence[Measurement], b: Sequence[Measurement],
-                     objective: Objective) -> tuple[float, bool] | None:
-    """The standard error of the mean log gap per prompt between ``a`` and ``b``, and whether it
-    covers a load mix: over a mix whose every weighted level kept its requests, the levels'
-    errors weighted as :meth:`Objective.of` weighs their values (the whole's log is
-    ``sum w_k log v_k``, each level on prompts of its own: ``sqrt(sum (w_k se_k)^2)``), else the
-    headline level's. None when fewer than 3 prompts pair up at the headline level."""
-    def per_prompt(ms: Sequence[Measurement], level: float | None) -> dict[str, float]:
-        logs: dict[str, list[float]] = {}
-        for m in ms:
-            for pid, v in objective.request_values(m, level).items():
-                logs.setdefault(pid, []).append(math.log(v))
-        return {pid: statistics.fmean(v) for pid, v in logs.items() if len(v) == len(ms)}
-
-    def error(level: float | None) -> float | None:
-        pa, pb = per_prompt(a, level), per_prompt(b, level)
-        gaps = [pa[pid] - pb[pid] for pid in pa.keys() & pb.keys()]
-        return statistics.stdev(gaps) / math.sqrt(len(gaps)) if len(gaps) >= 3 else None
-
-    if not a or not b:
-        return None
-    head = error(None)
-    if head is None:
-        return None
-    first = a[0]
-    if first.workload.is_mix and first.levels:
-        weights = first.workload.weights()
-        errors = {k: head if k == first.headline else error(k) for k, w in weights.items() if w > 0}
-        if all(e is not None for e in errors.values()):
-            return math.sqrt(math.fsum((weights[k] * e) ** 2 for k, e in errors.items() if e is not None)), True
-    return head, False
-
-
 def answers_line(view: StudyView, choice: Choice | None) -> str | None:
     """One line on the answers behind the decision: the choice's against the baseline's, and
     what the study's rule ruled out (None for a study that does not check answers)."""
@@ -253,15 +177,6 @@ def answers_line(view: StudyView, choice: Choice | None) -> str | None:
         return f"answers: not compared with the baseline's (no output token ids){ruled}"
     where = f"; {f.where()}" if f.first is not None else ""
     return f"answers: {f.summary()} as the baseline's (rule {rule.value}{where}){ruled}"
-
-
-def engine_spread_note(spread: float | None) -> str | None:
-    """The sentence ``show``, the reports and the dashboard note say about :func:`engine_spread`
-    (None when the study has not measured one, or found engines alike)."""
-    if not spread:
-        return None
-    return (f"Engine starts of one configuration differ by {spread:.1%} here (pooled over those measured "
-            "twice): a configuration measured on one engine is taken as that uncertain.")
 
 
 def prediction_errors_note(view: StudyView) -> str | None:
@@ -321,11 +236,23 @@ class Choice:
     """The first objective on each engine that measured the chosen configuration."""
     baseline_engines: list[float] = field(default_factory=list)
     engine_spread: float | None = None
-    """How much engine starts of one configuration differ in this study (:func:`engine_spread`;
-    None until one was measured twice): the least noise of a configuration measured once."""
+    """How much engine starts of one configuration differ (:meth:`StudyView.spread`; None on the
+    prior alone): the least noise of a configuration measured once."""
     band_kind: str = "noise band"
     within_band: bool = False
     """The baseline is chosen because the best speculative configuration's gain lies within the band."""
+    spread: EngineSpread | None = None
+    """The engine spread the band rests on, with where it came from."""
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The gain's interval, ``noise_band`` a half-width on its log (None without a gain)."""
+        return interval(self.speedup, self.noise_band) if self.speedup is not None else None
+
+    @property
+    def gain_text(self) -> str | None:
+        """``1.57x, 1.27-1.94x``: the gain and its interval (None without a gain)."""
+        return interval_text(self.speedup, self.noise_band) if self.speedup is not None else None
 
 
 @dataclass(frozen=True)
@@ -358,10 +285,13 @@ class StudyView:
         self.directions = [d.name.lower() for d in study.directions]
         ids = store.trial_ids(study.study_name)
         self._engines: dict[bool, list[Engines]] = {}  # engines(), by confirmations, over the rows as they are
+        self._spreads: dict[bool, EngineSpread] = {}
+        self._machine: list[list[float]] | None = None  # earlier studies' groups on this machine, read once
         self.rows = [_row(t, ids.get(t.number)) for t in study.get_trials(deepcopy=False)]
         self.rows = self._answers_compared()
         self.rows = self.speedups()
         self._engines.clear()  # the rows now carry their speedups
+        self._spreads.clear()
 
     @property
     def answer_rule(self) -> AnswerRule | None:
@@ -424,13 +354,14 @@ class StudyView:
         return {
             "study": self.name, "storage": safe_url(self.url), "objectives": self.objectives, "directions": self.directions,
             "trials": [{**asdict(r), "note": r.note} for r in self.sorted_rows()],
-            "engine_spread": engine_spread(self.engines()),
+            "engine_spread": self.spread().record(),
             "answers": {"rule": rule.value if (rule := self.answer_rule) is not None else None,
                         "not_checked": self.answers_note()},
             "best": None if choice is None else {
                 "trial": choice.row.number, "config": choice.row.label, "spec": choice.row.spec,
                 "is_baseline": choice.is_baseline, "reason": choice.reason, "value": choice.value,
-                "speedup": choice.speedup, "noise_band": choice.noise_band, "band_kind": choice.band_kind,
+                "speedup": choice.speedup, "interval": list(choice.interval) if choice.interval else None,
+                "noise_band": choice.noise_band, "band_kind": choice.band_kind,
                 "engines": choice.engines,
                 "baseline_engines": choice.baseline_engines, "fidelity": choice.row.fidelity,
                 "levels": [asdict(lv) for lv in levels] if (levels := self.levels(choice)) else None},
@@ -480,14 +411,34 @@ class StudyView:
         :func:`engine_spread`. Built once per view and ``confirmations``."""
         if (known := self._engines.get(confirmations)) is not None:
             return list(known)
-        groups: dict[str, list[TrialRow]] = {}
-        for r in self.measured_rows(confirmations=confirmations):
-            groups.setdefault(r.config_key, []).append(r)
-        configs = [Engines.of(rows) for rows in groups.values()]
-        spread = engine_spread(configs) or 0.0
+        configs = self._configs(confirmations)
+        spread = self.spread(confirmations=confirmations).measured or 0.0
         self._engines[confirmations] = [replace(c, noise=max(c.noise, spread)) if len(c.values) == 1 else c
                                         for c in configs]
         return list(self._engines[confirmations])
+
+    def _configs(self, confirmations: bool) -> list[Engines]:
+        groups: dict[str, list[TrialRow]] = {}
+        for r in self.measured_rows(confirmations=confirmations):
+            groups.setdefault(r.config_key, []).append(r)
+        return [Engines.of(rows) for rows in groups.values()]
+
+    def spread(self, *, confirmations: bool = True) -> EngineSpread:
+        """How much engine starts of one configuration differ here (:func:`spectune.noise.estimate`):
+        this study's configurations measured on two engines or more (``confirmations=False``:
+        without ``confirm``'s, as guided search plans), pooled with those earlier studies in this
+        storage measured on the same machine (:func:`spectune.noise.machine_key` of the
+        baseline's measurement), over the platform's prior. Built once per view."""
+        if (known := self._spreads.get(confirmations)) is not None:
+            return known
+        base = self.baseline() or next(iter(self.measured_rows()), None)
+        first = self.store.measurement(base.trial_id) if base is not None and base.trial_id is not None else None
+        if first is not None and self._machine is None:
+            self._machine = machine_groups(self.store, self.url, machine_key(first), self.objectives[0], skip=self.name)
+        own = [c.values for c in self._configs(confirmations)]
+        found = estimate(own, self._machine or [], prior_for(first.hardware.platform if first is not None else None))
+        self._spreads[confirmations] = found
+        return found
 
     def best(self) -> Choice:
         """The best feasible configuration, or the baseline when nothing beats it beyond noise.
@@ -511,7 +462,8 @@ class StudyView:
             raise ConfigError(f"study {self.name} has no completed baseline trial to compare with")
         sign = 1.0 if self.maximize else -1.0
         best = max(candidates, key=lambda c: sign * c.value) if candidates else base
-        spread = engine_spread(self.engines())
+        found_spread = self.spread()
+        spread = found_spread.value
         # the band of the gap between the baseline and the best speculative configuration (the
         # choice, or the runner-up when the baseline is best)
         rival = best if best is not base else max((c for c in candidates if c is not base),
@@ -528,8 +480,8 @@ class StudyView:
                    if confirming else "")
 
         def choice(c: Engines, is_baseline: bool, reason: str, within: bool = False) -> Choice:
-            return Choice(c.row, base.row, is_baseline, reason, band, c.value,
-                          1.0 if c is base else gain, c.values, base.values, spread, what, within)
+            return Choice(c.row, base.row, is_baseline, reason, band, c.value, 1.0 if c is base else gain,
+                          c.values, base.values, found_spread.measured, what, within, found_spread)
 
         if best is base:
             faster = [c for c in self.engines() if not c.feasible and not c.row.is_baseline
@@ -541,11 +493,11 @@ class StudyView:
             return choice(base, True, "no speculative configuration measured better than the baseline")
         if not base.feasible and best.feasible:
             return choice(best, False, "the baseline breaks the SLO; this configuration meets it")
-        if gain is None or gain - 1.0 <= band:
-            sp = f"{gain:.3f}x" if gain is not None else "unknown"
+        if gain is None or interval(gain, band)[0] <= 1.0:
+            sp = interval_text(gain, band) if gain is not None else "unknown"
             return choice(base, True, f"the best speculative configuration ({best.row.label}, {sp}{engines}) is "
-                                      f"within the {what} (+-{band:.1%}) of the baseline", gain is not None)
-        return choice(best, False, f"{gain:.2f}x the baseline{engines} ({what} +-{band:.1%})")
+                                      f"within the {what} of the baseline", gain is not None)
+        return choice(best, False, f"{interval_text(gain, band)} the baseline{engines} ({what})")
 
     def choice_of(self, number: int) -> Choice:
         """Trial ``number``'s configuration as if chosen, held against the baseline as :meth:`best`
@@ -561,15 +513,15 @@ class StudyView:
             done = ", ".join(str(c.row.number) for c in self.engines())
             raise ConfigError(f"study {self.name}: trial {number} measured nothing to export (measured trials: {done})")
         base = next(c for c in self.engines() if c.row.is_baseline)
-        spread = engine_spread(self.engines())
-        found = self.paired_band(config, base, spread) if config is not base else None
+        found_spread = self.spread()
+        found = self.paired_band(config, base, found_spread.value) if config is not base else None
         band = found[0] if found is not None else config.noise + base.noise
         gain = 1.0 if config is base else _finite(speedup(self.maximize, config.value, base.value))
         said = "" if gain is None else f"{gain:.2f}x the baseline, "
         why = (f"trial {number} as asked ({said}{'breaks ' + ', '.join(config.row.broken) + '; ' if config.row.broken else ''}"
                f"the study's choice: {best.row.label})")
         return Choice(config.row, base.row, config is base, why, band, config.value, gain, config.values, base.values,
-                      spread, "paired band" if found is not None else "noise band")
+                      found_spread.measured, "paired band" if found is not None else "noise band", spread=found_spread)
 
     def paired_band(self, a: Engines, b: Engines, spread: float | None) -> tuple[float, bool] | None:
         """:func:`paired_band` of two configurations as measured in this study, and whether it
@@ -585,7 +537,7 @@ class StudyView:
             return [m for n in c.numbers if (m := self.store.measurement(ids.get(n))) is not None]
 
         found = paired_gap_error(measured(a), measured(b), objective)
-        return (_band(found[0], len(a.values), len(b.values), spread), found[1]) if found is not None else None
+        return (band_of(found[0], len(a.values), len(b.values), spread), found[1]) if found is not None else None
 
     def levels(self, choice: Choice) -> list[LevelRow] | None:
         """The load mix level by level: ``choice`` and the best at each level against the
@@ -648,7 +600,10 @@ class StudyView:
         if len(self.directions) > 1:
             front = {t.number for t in self.study.best_trials} | set(on_front)
             speculative = [c for c in speculative if front.intersection(c.numbers)]
-        confirming = any(r.confirms is not None and not r.recheck for r in self.rows)
+        # a study with confirm: whose rechecks left confirm nothing to run (the baseline measured twice
+        # before the first pick, the best's second engine failed) confirms all the same
+        confirming = any(r.confirms is not None and not r.recheck for r in self.rows) \
+            or ((StudyRecord.of(self.study).spectune_config or {}).get("confirm") or 0) > 0
         if confirming:  # a confirmation that failed or has not run leaves its configuration out
             speculative = [c for c in speculative if len(c.values) > 1] or speculative
         return base, ([base] if base is not None and base.feasible else []) + speculative, confirming
@@ -671,6 +626,33 @@ def _row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
         peak_memory_bytes=r.peak_memory_bytes, memory_kind=r.memory_kind, kv_cache_tokens=r.kv_cache_tokens,
         bursty_delivery=r.bursty_delivery is True, fidelity=r.fidelity,
     )
+
+
+def machine_groups(store: MeasurementStore, url: str, key: str, objective: str, *, skip: str) -> list[list[float]]:
+    """The first objective of each configuration that the other studies in the storage at ``url``
+    (all but ``skip``) measured on two engines or more on the machine ``key``
+    (:func:`spectune.noise.machine_key`), in studies of the same first ``objective``. Imported
+    trials and copies of another trial count not."""
+    import optuna
+
+    rdb = open_optuna_storage(url)
+    out: list[list[float]] = []
+    for summary in optuna.get_all_study_summaries(rdb, include_best_trial=False):
+        if summary.study_name == skip or (StudyRecord.of(summary).objectives or [None])[0] != objective:
+            continue
+        ids = store.trial_ids(summary.study_name)
+        trials = rdb.get_all_trials(rdb.get_study_id_from_name(summary.study_name), deepcopy=False,
+                                    states=(optuna.trial.TrialState.COMPLETE,))
+        groups: dict[str, list[TrialRow]] = {}
+        for r in (_row(t, ids.get(t.number)) for t in trials):
+            if r.values and r.duplicate_of is None and r.imported is None and r.trial_id is not None:
+                groups.setdefault(r.config_key, []).append(r)
+        for rows in groups.values():
+            here = [r.values[0] for r in rows if len(rows) > 1 and r.values
+                    and (m := store.measurement(r.trial_id)) is not None and machine_key(m) == key]
+            if len(here) > 1:
+                out.append(here)
+    return out
 
 
 def open_study(storage: str | None, study_name: str | None) -> StudyView:

@@ -161,6 +161,15 @@ def landscape(tiny_models):  # noqa: ANN201
     return Landscape.load(LANDSCAPE).rebase(str(tiny_models.target), str(tiny_models.draft))
 
 
+@pytest.fixture
+def spread_not_learned_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guided search without its first step where no engine spread is known (the baseline measured
+    twice before the first pick, tests/search/test_engine_spread.py), for tests of its other rules."""
+    import spectune.search._study as rules
+
+    monkeypatch.setattr(rules, "LEARN_SPREAD_MIN_CANDIDATES", 10 ** 9)
+
+
 @pytest.fixture(scope="session")
 def repetitive_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Code-like prompts that repeat themselves, so that n-gram lookup finds matches."""

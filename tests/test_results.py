@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import datetime as dt
 
 import optuna
@@ -176,9 +178,9 @@ def test_the_band_pairs_prompts_so_that_their_variety_cancels(tmp_path) -> None:
     from spectune.results import BAND_Z, PRIOR_ENGINE_SPREAD
 
     # slow prompts in the first window, fast ones in the second: the windows differ by 3x, yet
-    # the configuration is 1.5x faster on every prompt, within 2 %
+    # the configuration is 2x faster on every prompt, within 2 %
     base = [1.0, 1.2, 1.1, 0.9, 0.3, 0.35, 0.4, 0.33]
-    gain = [1.5, 1.52, 1.48, 1.5, 1.49, 1.51, 1.5, 1.47]
+    gain = [2.0, 2.02, 1.98, 2.0, 1.99, 2.01, 2.0, 1.97]
     view = _paired_study(tmp_path, [base], [[e / g for e, g in zip(base, gain, strict=True)]])
     choice = view.best()
     assert choice.band_kind == "paired band" and not choice.is_baseline
@@ -188,7 +190,25 @@ def test_the_band_pairs_prompts_so_that_their_variety_cancels(tmp_path) -> None:
     # one engine each, nothing measured twice: the engine starts are as uncertain as the prior says
     floor = BAND_Z * PRIOR_ENGINE_SPREAD * 2 ** 0.5
     assert floor < choice.noise_band < floor * 1.01
-    assert f"paired band +-{choice.noise_band:.1%}" in choice.reason
+    assert choice.spread is not None and choice.spread.source == "prior" and choice.engine_spread is None
+    # the band is a half-width on the log of the gain: the interval the reason states
+    low, high = choice.interval
+    assert low == pytest.approx(choice.speedup * math.exp(-choice.noise_band))
+    assert high == pytest.approx(choice.speedup * math.exp(choice.noise_band))
+    assert f"{choice.speedup:.2f}x, {low:.2f}-{high:.2f}x the baseline" in choice.reason and low > 1.0
+
+
+def test_a_gain_is_kept_only_where_its_interval_clears_the_baseline(tmp_path) -> None:  # noqa: ANN001
+    from spectune.results import BAND_Z, PRIOR_ENGINE_SPREAD
+
+    # 1.55x on every prompt: past the band's half-width as a linear gain (0.55 > 0.50), but its
+    # interval on the log reaches below 1 (ln 1.55 = 0.44): the baseline is kept
+    base = [1.0, 1.2, 1.1, 0.9, 0.3, 0.35, 0.4, 0.33]
+    view = _paired_study(tmp_path, [base], [[e / 1.55 for e in base]])
+    choice = view.best()
+    band = BAND_Z * PRIOR_ENGINE_SPREAD * 2 ** 0.5
+    assert choice.noise_band == pytest.approx(band, rel=0.01) and 0.55 > band > math.log(1.55)
+    assert choice.is_baseline and choice.within_band and "within the paired band" in choice.reason
 
 
 def test_the_paired_band_widens_with_what_the_prompts_disagree_on_and_with_the_engines(tmp_path) -> None:  # noqa: ANN001

@@ -71,10 +71,11 @@ def study_note(view: StudyView) -> str:
     if several:
         lines.append(f"- {view.objectives[0]} on each engine: {', '.join(fmt(v) for v in choice.engines)} "
                      f"(baseline: {', '.join(fmt(v) for v in choice.baseline_engines)})")
-    lines.append(f"- {choice.band_kind}: +-{choice.noise_band:.1%}" + (
+    gain = f"{choice.gain_text} the baseline, " if choice.gain_text and not choice.is_baseline else ""
+    lines.append(f"- {gain}{choice.band_kind} +-{choice.noise_band:.1%} on the log of the gain" + (
         " (95 % interval on the gap to the baseline, paired per prompt, engine starts included)"
         if choice.band_kind.startswith("paired band") else ""))
-    if (spread := engine_spread_note(choice.engine_spread)) is not None:
+    if (spread := engine_spread_note(choice.spread or choice.engine_spread)) is not None:
         lines.append(f"- {spread}")
     if (answers := answers_line(view, choice)) is not None:
         lines.append(f"- {answers}")

@@ -17,7 +17,7 @@ from spectune.predict import (
     mean_over_engines,
 )
 from spectune.records import StudyRecord, not_the_candidates
-from spectune.results import StudyView, engine_spread
+from spectune.results import StudyView
 from spectune.space import SearchSpace, load_space
 from spectune.storage import MeasurementStore, open_optuna_storage
 from spectune.workloads import WorkloadFeatures
@@ -56,8 +56,8 @@ def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftRe
     abandoned by a dead worker, does not count). ``confirmations=False``: the measured
     trials without ``confirm``'s (:meth:`StudyView.measured_rows`), as guided search plans on them.
     ``drafts``: the draft models' offline runs kept between calls (guided search keeps one).
-    Its engine spread is the study's own (:func:`spectune.results.engine_spread`), over the
-    same trials.
+    Its engine spread is :meth:`StudyView.spread` over the same trials (the platform's prior
+    where nothing was measured twice).
 
     Raises:
         ConfigError: the study was not made by spectune, has no completed baseline, or its
@@ -86,7 +86,7 @@ def study_inputs(view: StudyView, *, confirmations: bool = True, drafts: DraftRe
     learned = LearnedAcceptance.fit(others + [TrainingTrial(m, features) for m in measured])
     return StudyInputs(candidates, baseline, measured, view.objectives[0], view.maximize,
                        features, learned, drafts if drafts is not None else DraftReplays(),
-                       engine_spread(view.engines(confirmations=confirmations)))
+                       view.spread(confirmations=confirmations).value)
 
 
 def predict_study(view: StudyView) -> list[Prediction]:

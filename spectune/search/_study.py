@@ -12,8 +12,9 @@ Every decision is computed from the study's trials, in this order:
    NSGA-II for two objectives).
 3. **Rechecks** of guided search: a pick measured outside its predicted interval is measured
    again on a fresh engine before anything else, and the best is measured on a second engine
-   before the search stops (:data:`RECHECK_SURPRISE`, :data:`RECHECK_BEST`); they do not count
-   against the budget.
+   before the search stops (:data:`RECHECK_SURPRISE`, :data:`RECHECK_BEST`); where no engine
+   spread is known on the machine, the baseline is measured on a second engine before the first
+   guided pick (:data:`RECHECK_SPREAD`). They do not count against the budget.
 4. **Confirmations** (``confirm: N``): the baseline and the N best measured again, each on a
    fresh engine, once the search has ended.
 
@@ -49,6 +50,7 @@ from spectune.records import (
     RECHECK_BASELINE,
     RECHECK_BEST,
     RECHECK_CONTENDER,
+    RECHECK_SPREAD,
     RECHECK_SURPRISE,
     StudyRecord,
     TrialRecord,
@@ -343,6 +345,8 @@ class StudyStrategy(SearchStrategy):
         standing = _standing(view, maximize, self.tolerance)
         if (recheck := self._recheck_surprise(trials, standing)) is not None:  # before anything is fitted on that engine
             return recheck
+        if (learn := self._learn_spread(view, trials)) is not None:
+            return learn
         beyond = self._past_edges(study, standing)  # kept to the space: what lies past its edges, predicted only
         # the search plans on its own measurements
         inputs = study_inputs(view, confirmations=False, drafts=self.drafts, space=beyond or self.space)
@@ -400,6 +404,19 @@ class StudyStrategy(SearchStrategy):
                         for p in plan.skipped],
         }
 
+    def _learn_spread(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
+        """The baseline again on a fresh engine before the first guided pick, where nothing on this
+        machine was measured twice (the spread is its prior alone) and the space holds at least
+        :data:`LEARN_SPREAD_MIN_CANDIDATES`: one more start buys the figure that lets the stopping
+        rule rule candidates out, and the band its measured width. None otherwise."""
+        base = view.baseline()
+        if base is None or view.spread(confirmations=False).source != "prior" \
+                or base.number in measured_again(trials) or any(t.rec.guided for t in trials) \
+                or sum(1 for s in self.space.enumerate() if not s.is_baseline) < LEARN_SPREAD_MIN_CANDIDATES:
+            return None
+        _logger.info("no engine spread is known on this machine: measuring the baseline again first")
+        return _again(trials, base.number, RECHECK_SPREAD)
+
     def _before_stopping(self, study: optuna.Study, view: StudyView, trials: Sequence[Snapshot], standing: _Standing,
                          plan: Any, guide: dict[str, Any], *, busy: bool, unmeasured: float) -> Decision | None:
         """Where the plan has no pick: wait for the trials running, measure the best, a rival or
@@ -443,15 +460,28 @@ class StudyStrategy(SearchStrategy):
         return self._explore_knobs(view, trials)
 
     def _recheck_baseline(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
-        """The baseline again on a fresh engine, once, when the search would stop with the baseline
-        chosen because the best speculative configuration's gain lies within the paired band: the
-        baseline's single engine is half of that band's engine part (:func:`spectune.results.paired_band`).
-        None otherwise."""
+        """Where the search would stop with the baseline chosen because the best speculative
+        configuration's gain lies within the band: the one of the two tried on fewer engines (the
+        baseline first) on one more, until each was tried on :data:`SETTLE_STARTS`. Each start
+        narrows the band's engine part (:func:`spectune.results.paired_band`). None otherwise."""
         choice = view.best()
-        if not choice.within_band or len(choice.baseline_engines) != 1 or choice.baseline.number in measured_again(trials):
+        if not choice.within_band:
             return None
-        _logger.info("guided search would stop; first measuring the baseline again (%s)", choice.reason)
-        return _again(trials, choice.baseline.number, RECHECK_BASELINE)
+        base, competing, _ = view.contenders()
+        sign = 1.0 if view.maximize else -1.0
+        rival = max((c for c in competing if not c.row.is_baseline), key=lambda c: sign * c.value, default=None)
+        if base is None or rival is None:
+            return None
+
+        def tried(number: int) -> int:  # its first engine, and each again queued, running, done or failed by its engine
+            return 1 + sum(1 for t in trials if t.rec.confirms == number
+                           and (t.state in ("WAITING", "RUNNING", "COMPLETE") or t.engine_failed))
+
+        for c, why in sorted(((base, RECHECK_BASELINE), (rival, RECHECK_CONTENDER)), key=lambda cw: tried(cw[0].row.number)):
+            if tried(c.row.number) < SETTLE_STARTS:
+                _logger.info("guided search would stop; first measuring %s again (%s)", c.row.label, choice.reason)
+                return _again(trials, c.row.number, why)
+        return None
 
     def _explore_knobs(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
         """Once its models have nothing left to measure: the best speculative configuration
@@ -529,6 +559,14 @@ class StudyStrategy(SearchStrategy):
 WIDEN_MAX_CANDIDATES = 1000
 """A range is not widened where the space would then hold more candidates than this: each is
 predicted (its acceptance replayed once) at every decision."""
+
+SETTLE_STARTS = 3
+"""A choice of the baseline because the best gain lies within the band is settled by measuring the
+two again, the one on fewer engines first, up to this many engines each."""
+
+LEARN_SPREAD_MIN_CANDIDATES = 4
+"""Guided search measures the baseline twice first (:data:`RECHECK_SPREAD`) only in a space of at
+least this many speculative candidates: in a smaller one, measuring them all costs about as much."""
 
 STOP_CHANCE = DEFAULT_STOP_CHANCE
 """Guided search stops once no candidate, unmeasured or measured on one engine, has more than
@@ -622,15 +660,13 @@ class _Standing:
 
 
 def _standing(view: StudyView, maximize: bool, tolerance: float | None) -> _Standing:
-    from spectune.predict import PRIOR_ENGINE_SPREAD
-    from spectune.results import engine_spread
-
     engines = view.engines(confirmations=False)
-    spread = engine_spread(engines)
+    found = view.spread(confirmations=False)
+    spread = found.measured
     feasible = [c for c in engines if c.feasible]
     sign = 1.0 if maximize else -1.0
     top = max(feasible, key=lambda c: sign * c.value) if feasible else None
-    one = spread if spread is not None else PRIOR_ENGINE_SPREAD
+    one = found.value
     if top is None:
         return _Standing(None, -sign * math.inf, 0.0, study_tolerance(tolerance, spread), one, [], maximize)
     pick_sd = abs(top.value) * max(top.noise, one) / math.sqrt(len(top.values))

@@ -142,11 +142,11 @@ def _speedup_text(study: StudyView) -> str:
     speculative one that stayed within noise (or that none measured better)."""
     choice = study.best()
     if not choice.is_baseline:
-        return f"{choice.row.speedup:.2f}x the baseline"
+        return f"{choice.gain_text} the baseline"
     sign = 1.0 if study.directions[0] == "maximize" else -1.0
     top = max((r for r in study.complete() if r.feasible and r.duplicate_of is None),
               key=lambda r: sign * (r.values or [0.0])[0])
-    return "measured better than the baseline" if top.is_baseline else f"({top.label}, {top.speedup:.3f}x)"
+    return "measured better than the baseline" if top.is_baseline else f"({top.label}, {top.speedup:.2f}x, "
 
 
 def test_html_and_markdown_reports_from_the_command(study: StudyView, tmp_path: Path) -> None:

@@ -41,9 +41,13 @@ def test_confirmed_configurations_are_chosen_on_their_mean(landscape: Landscape,
     else:  # far slower: the spread between its engines swallows the gain
         assert choice.is_baseline and top in choice.reason and "mean of 2 engines" in choice.reason
         # the band: the gap paired per prompt, with the engine starts' spread (the top's, pooled
-        # with the baseline's two alike engines) over the two engines of each on top
+        # with the baseline's two alike engines and the prior's degree of freedom) over the two
+        # engines of each on top
+        from spectune.noise import PRIOR_DOF, PRIORS
+
         spread = abs(first - second) / math.sqrt(2) / ((first + second) / 2)  # stdev of two over mean
-        assert choice.engine_spread == pytest.approx(spread / math.sqrt(2))
+        pooled = math.sqrt((spread ** 2 + PRIOR_DOF * PRIORS["cpu"].value ** 2) / (2 + PRIOR_DOF))
+        assert choice.engine_spread == pytest.approx(pooled) and choice.spread.source == "study"
         engines_part = BAND_Z * choice.engine_spread
         assert choice.band_kind == "paired band" and engines_part < choice.noise_band < engines_part * 1.5
     assert choice.baseline_engines == pytest.approx([base, base])

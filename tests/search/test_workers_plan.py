@@ -71,6 +71,7 @@ def test_the_uncertain_pick_passes_over_a_proposer_being_measured() -> None:
     assert plan.pick == promising and plan.reason == "promising"
 
 
+@pytest.mark.usefixtures("spread_not_learned_first")
 def test_three_workers_reach_the_best_sooner_with_no_more_engine_runs(tmp_path: Path) -> None:
     """The fleet benchmark's study (tiny.json, three engine starts per candidate, no weights read: drafts predicted
     without their offline run), on the virtual clock: engine seconds, the same on every run."""

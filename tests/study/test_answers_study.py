@@ -96,7 +96,11 @@ def test_the_rule_decides_which_answers_count(edited, tmp_path: Path) -> None:
         config = _study(edited, tmp_path, rule, rule)
         run_study(config, measure_fn=edited[0].measurer())
         view = open_study(config.storage, rule)
-        picks[rule] = view.best().row.label
+        # the best speculative configuration the rule lets compete (whether it clears the band on one
+        # engine start each is the band's matter, tests/test_results.py)
+        _, competing, _ = view.contenders()
+        picks[rule] = max((c for c in competing if not c.row.is_baseline), key=lambda c: c.value).row.label
+        assert picks[rule] == view.best().row.label or picks[rule] in view.best().reason
         if rule == "off":
             assert all(r.fidelity is None and r.feasible for r in view.complete())
             assert answers_line(view, view.best()) == "answers: not checked (--answers off)"
