@@ -111,12 +111,7 @@ def render_study(view: StudyView, console: Console | None = None) -> None:
     from spectune.errors import ConfigError
     from spectune.records import StudyRecord
     from spectune.report import level_rows
-    from spectune.results import (
-        answers_line,
-        edge_notes,
-        prediction_errors_note,
-        stop_note,
-    )
+    from spectune.notes import answers_line, edge_notes, prediction_errors_note, stop_note
 
     console = console or Console()
     guided = any(r.predicted is not None for r in view.rows)

@@ -20,7 +20,8 @@ import yaml
 
 from spectune._util import atomic_write_text
 from spectune.errors import ConfigError, StorageError
-from spectune.results import Choice, StudyView, TrialRow, answers_line, edge_notes
+from spectune.notes import answers_line, edge_notes
+from spectune.results import Choice, StudyView, TrialRow
 from spectune.storage import safe_url
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ from spectune.errors import ConfigError
 from spectune.records import StudyRecord
 from spectune.report._figures import FIGURE_IDS, figures
 from spectune.report._text import best_config_yaml, best_line, decide, fmt, level_markdown, level_rows, md_cell
-from spectune.results import answers_line, edge_notes, engine_spread_note, prediction_errors_note, stop_note
+from spectune.notes import answers_line, edge_notes, prediction_errors_note, stop_note
+from spectune.results import engine_spread_note
 from spectune.storage import safe_url
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import yaml
 
 from spectune.errors import ConfigError
-from spectune.results import answers_line, engine_spread_note
+from spectune.notes import answers_line
+from spectune.results import engine_spread_note
 
 if TYPE_CHECKING:
 

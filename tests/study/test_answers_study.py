@@ -17,7 +17,8 @@ from spectune.export import export_best
 from spectune.landscape import Landscape
 from spectune.measurement import AnswerMargins, PromptMargins
 from spectune.records import TrialRecord
-from spectune.results import answers_line, open_study
+from spectune.notes import answers_line
+from spectune.results import open_study
 from spectune.worker import replay_on_clock, run_study
 
 NEAR_TIE = ("HumanEval/66", 3)  # (prompt, output token) where the baseline's margin is a near-tie
