@@ -57,7 +57,7 @@ RECHECK_BEST = "the best when the search would stop"
 RECHECK_BASELINE = "the baseline, the best gain within the band"
 """Why guided search measured the baseline again: the best speculative configuration's gain lay
 within the paired band (:func:`spectune.results.paired_band`), the baseline tried on fewer engines
-than :data:`spectune.search._study.SETTLE_STARTS` (the best then once more too, as a rival)."""
+than :data:`spectune.search._rechecks.SETTLE_STARTS` (the best then once more too, as a rival)."""
 RECHECK_SPREAD = "the baseline, no engine spread known on this machine"
 """Why guided search measured the baseline again before its first pick: no configuration was
 measured on two engines on this machine yet (:meth:`spectune.results.StudyView.spread` on its

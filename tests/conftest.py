@@ -165,7 +165,7 @@ def landscape(tiny_models):  # noqa: ANN201
 def spread_not_learned_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """Guided search without its first step where no engine spread is known (the baseline measured
     twice before the first pick, tests/search/test_engine_spread.py), for tests of its other rules."""
-    import spectune.search._study as rules
+    import spectune.search._rechecks as rules
 
     monkeypatch.setattr(rules, "LEARN_SPREAD_MIN_CANDIDATES", 10 ** 9)
 

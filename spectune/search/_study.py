@@ -28,30 +28,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
 from spectune.measurement import spec_key
 from spectune.predict import (
-    DEFAULT_MARGIN,
-    DEFAULT_STOP_CHANCE,
     DraftReplays,
-    chance_to_beat,
-    prediction_sd,
     warm_replays,
 )
 from spectune.records import (
-    KNOBS_BY_SAMPLER,
-    RECHECK_BASELINE,
     RECHECK_BEST,
-    RECHECK_CONTENDER,
-    RECHECK_SPREAD,
-    RECHECK_SURPRISE,
     StudyRecord,
     TrialRecord,
     write_study_fields,
@@ -66,6 +55,14 @@ from spectune.search._base import (
     snapshots,
 )
 from spectune.search._inputs import study_inputs
+from spectune.search._rechecks import Rechecks, measured_again
+from spectune.search._standing import (
+    STOP_CHANCE,
+    Standing,
+    beyond_edge,
+    standing_of,
+    stop_reason,
+)
 from spectune.space import range_text
 from spectune.storage import MeasurementStore
 
@@ -86,14 +83,6 @@ def params_key(params: dict[str, object]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
-def measured_again(trials: Sequence[Snapshot]) -> set[int]:
-    """The trials whose configuration is measured again on a fresh engine (``confirms``), queued,
-    running or done: completed, or failed by its engine (that is data, not retried on resume).
-    One interrupted by Ctrl-C, or abandoned by a dead worker, does not count."""
-    return {t.rec.confirms for t in trials if t.rec.confirms is not None
-            and (t.state in ("WAITING", "RUNNING", "COMPLETE") or t.engine_failed)}
-
-
 def count_candidates(space: SearchSpace) -> int | None:
     """How many distinct candidates (speculative configuration and engine knobs) a space has, or
     None when it is too large to list."""
@@ -103,7 +92,7 @@ def count_candidates(space: SearchSpace) -> int | None:
         return None
 
 
-class StudyStrategy(SearchStrategy):
+class StudyStrategy(Rechecks, SearchStrategy):
     """The search a spectune study runs (module docstring), for one study's configuration.
 
     ``on_guide_stop`` is told, once per instance, how many candidates guided search skipped
@@ -184,7 +173,7 @@ class StudyStrategy(SearchStrategy):
             self.space = self.base_space.extended(widenings)
             self.candidates = count_candidates(self.space)
 
-    def _past_edges(self, study: optuna.Study, standing: _Standing) -> SearchSpace | None:
+    def _past_edges(self, study: optuna.Study, standing: Standing) -> SearchSpace | None:
         """Where the pick, or a configuration it cannot be told from, sits on the edge of a range
         the space lets grow (:meth:`SearchSpace.edges`): the space with those ranges widened past
         the edges, else None. With ``extend`` the study keeps the wider space (every worker reads
@@ -237,7 +226,7 @@ class StudyStrategy(SearchStrategy):
         if view.baseline() is None:
             return False
         before = self.candidates
-        self._past_edges(study, _standing(view, view.maximize, self.tolerance))
+        self._past_edges(study, standing_of(view, view.maximize, self.tolerance))
         return self.candidates != before
 
     def _out_of_time(self, trials: Sequence[Snapshot]) -> float | None:
@@ -342,7 +331,7 @@ class StudyStrategy(SearchStrategy):
                 return Wait("guided search predicts from the baseline, which is running")
             return Run(None, why="no baseline to predict from: the sampler chooses")
         maximize = view.maximize
-        standing = _standing(view, maximize, self.tolerance)
+        standing = standing_of(view, maximize, self.tolerance)
         if (recheck := self._recheck_surprise(trials, standing)) is not None:  # before anything is fitted on that engine
             return recheck
         if (learn := self._learn_spread(view, trials)) is not None:
@@ -379,7 +368,7 @@ class StudyStrategy(SearchStrategy):
             prediction_source=p.source, guide_reason=plan.reason, guide_step=step,
         ), why=f"guided search: the most {plan.reason}")
 
-    def _guide_record(self, study: optuna.Study, standing: _Standing, inputs: Any, plan: Any, running: list[Prediction],
+    def _guide_record(self, study: optuna.Study, standing: Standing, inputs: Any, plan: Any, running: list[Prediction],
                       outside: list[Prediction], unmeasured: float) -> dict[str, Any]:
         """What guided search's plan rests on, for the study attribute ``guide`` (the dashboard and
         ``show``): the best measured, the spread and tolerance, the chances, what it skipped."""
@@ -397,27 +386,14 @@ class StudyStrategy(SearchStrategy):
                              "which spectune has no model of") if self.space.knobs else None,
             "candidates_left": len(plan.candidates),
             "running": [p.label for p in running],  # counted at their predictions
-            "beyond_edge": _beyond_edge(outside, standing, self._edges_kept) if outside else None,
+            "beyond_edge": beyond_edge(outside, standing, self._edges_kept) if outside else None,
             "skipped": [{"config": p.label, f"predicted_{p.objective}": p.value.value,
                          "optimistic": p.value.high if maximize else p.value.low, "source": p.source,
                          "chance": plan.chances.get(p.label)}
                         for p in plan.skipped],
         }
 
-    def _learn_spread(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
-        """The baseline again on a fresh engine before the first guided pick, where nothing on this
-        machine was measured twice (the spread is its prior alone) and the space holds at least
-        :data:`LEARN_SPREAD_MIN_CANDIDATES`: one more start buys the figure that lets the stopping
-        rule rule candidates out, and the band its measured width. None otherwise."""
-        base = view.baseline()
-        if base is None or view.spread(confirmations=False).source != "prior" \
-                or base.number in measured_again(trials) or any(t.rec.guided for t in trials) \
-                or sum(1 for s in self.space.enumerate() if not s.is_baseline) < LEARN_SPREAD_MIN_CANDIDATES:
-            return None
-        _logger.info("no engine spread is known on this machine: measuring the baseline again first")
-        return _again(trials, base.number, RECHECK_SPREAD)
-
-    def _before_stopping(self, study: optuna.Study, view: StudyView, trials: Sequence[Snapshot], standing: _Standing,
+    def _before_stopping(self, study: optuna.Study, view: StudyView, trials: Sequence[Snapshot], standing: Standing,
                          plan: Any, guide: dict[str, Any], *, busy: bool, unmeasured: float) -> Decision | None:
         """Where the plan has no pick: wait for the trials running, measure the best, a rival or
         the baseline again, let the sampler try the engine knobs, or stop (None), saying why."""
@@ -438,251 +414,7 @@ class StudyStrategy(SearchStrategy):
                 self.on_guide_stopped(guide["stop_reason"])
         return decision
 
-    def _last_measurements(self, view: StudyView, trials: Sequence[Snapshot], standing: _Standing,
-                           unmeasured: float) -> Run | None:
-        """What to measure again before the search stops (the best on a second engine, a rival
-        that could still beat it, the baseline, the engine knobs), or None."""
-        top = standing.top
-        again = measured_again(trials)  # measured again already (a failed engine is data: not again)
-        contenders = [(c, p) for c, p in standing.contenders() if c.row.number not in again]
-        if top is not None and len(top.values) == 1 and top.row.number not in again \
-                and (contenders or unmeasured > STOP_CHANCE or standing.chance(settled=True) > STOP_CHANCE):
-            _logger.info("guided search would stop; first measuring its best, %s, on a second engine", top.row.label)
-            return _again(trials, top.row.number, RECHECK_BEST)
-        if contenders:  # a rival measured once could still beat the pick: once more
-            rival, chance = contenders[0]
-            _logger.info("guided search would stop; first measuring %s again (a %.0f %% chance of beating %s by "
-                         "more than %.1f %%)", rival.row.label, 100 * chance, top.row.label if top else "-",
-                         100 * standing.tolerance)
-            return _again(trials, rival.row.number, RECHECK_CONTENDER)
-        if (base_again := self._recheck_baseline(view, trials)) is not None:
-            return base_again
-        return self._explore_knobs(view, trials)
-
-    def _recheck_baseline(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
-        """Where the search would stop with the baseline chosen because the best speculative
-        configuration's gain lies within the band: the one of the two tried on fewer engines (the
-        baseline first) on one more, until each was tried on :data:`SETTLE_STARTS`. Each start
-        narrows the band's engine part (:func:`spectune.results.paired_band`). None otherwise."""
-        choice = view.best()
-        if not choice.within_band:
-            return None
-        base, competing, _ = view.contenders()
-        sign = 1.0 if view.maximize else -1.0
-        rival = max((c for c in competing if not c.row.is_baseline), key=lambda c: sign * c.value, default=None)
-        if base is None or rival is None:
-            return None
-
-        def tried(number: int) -> int:  # its first engine, and each again queued, running, done or failed by its engine
-            return 1 + sum(1 for t in trials if t.rec.confirms == number
-                           and (t.state in ("WAITING", "RUNNING", "COMPLETE") or t.engine_failed))
-
-        for c, why in sorted(((base, RECHECK_BASELINE), (rival, RECHECK_CONTENDER)), key=lambda cw: tried(cw[0].row.number)):
-            if tried(c.row.number) < SETTLE_STARTS:
-                _logger.info("guided search would stop; first measuring %s again (%s)", c.row.label, choice.reason)
-                return _again(trials, c.row.number, why)
-        return None
-
-    def _explore_knobs(self, view: StudyView, trials: Sequence[Snapshot]) -> Run | None:
-        """Once its models have nothing left to measure: the best speculative configuration
-        again, at engine knobs the study's Optuna sampler chooses, until each setting of the knobs
-        has had its turn (spectune has no model of the knobs: :data:`KNOBS_BY_SAMPLER`)."""
-        if not self.space.knobs:
-            return None
-        top = _best_measured(view, view.maximize)[1]
-        if top is None or not top.row.spec:
-            return None
-        key = spec_key(top.row.spec)
-        tried = [t for t in trials if t.rec.spec and spec_key(t.rec.spec) == key
-                 and (t.rec.guide_reason == KNOBS_BY_SAMPLER or t.number == top.row.number)]
-        if len(tried) >= len(self.space.knob_settings()):
-            return None
-        return Run(self.space.params_of(SpecConfig.model_validate(top.row.spec)),
-                   TrialRecord(guide_reason=KNOBS_BY_SAMPLER),
-                   why=f"the best speculative configuration, {top.row.label}, at engine knobs "
-                       f"({', '.join(self.space.knobs)}) Optuna's sampler chooses: spectune has no model of them")
-
-    def _recheck_surprise(self, trials: Sequence[Snapshot], standing: _Standing | None = None) -> Run | None:
-        """A fresh-engine measurement of a guided pick measured outside its predicted interval
-        (:func:`spectune.predict.surprising`) and not measured again yet. With the search's
-        ``standing``, only a pick that still matters: its measurement leaves it more than
-        :data:`STOP_CHANCE` of beating the pick by more than the tolerance (a surprise far below
-        the pick moves nothing the decision needs)."""
-        from spectune.predict import surprising
-
-        again = measured_again(trials)
-        for t in trials:
-            r = t.rec
-            if t.state == "COMPLETE" and r.guided and r.duplicate_of is None and not r.measured_again \
-                    and t.number not in again and t.values and r.predicted_low is not None \
-                    and r.predicted_high is not None and surprising(r.predicted_low, r.predicted_high, t.values[0]) \
-                    and (standing is None or standing.matters(t)):
-                _logger.info("trial %d measured %.4g, outside its predicted interval [%.4g, %.4g]: measuring it again",
-                             t.number, t.values[0], r.predicted_low, r.predicted_high)
-                return Run(t.params, TrialRecord(confirms=t.number, recheck=RECHECK_SURPRISE),
-                           why=f"trial {t.number} {RECHECK_SURPRISE}")
-        return None
-
-    def _confirmations(self, study: optuna.Study, trials: Sequence[Snapshot]) -> Decision | None:
-        """A fresh-engine measurement of the baseline or of one of the ``confirm`` best feasible
-        configurations by the first objective, each measured on one engine only so far (a
-        resumed study does not confirm twice; more searching, or a larger ``confirm``,
-        confirms the new best)."""
-        if not self.confirm:
-            return None
-        from spectune.results import StudyView
-
-        view = StudyView(study, self.store, self.url)
-        configs = view.engines()
-        sign = 1.0 if view.directions[0] == "maximize" else -1.0
-        # ranked by their first engine, as the search met them: a resumed study confirms the same ones
-        # (a configuration guided search already measured twice takes its place without a third)
-        ranked = sorted((c for c in configs if c.feasible and not c.row.is_baseline), key=lambda c: -sign * c.values[0])
-        if len(view.directions) > 1:  # two objectives: the configurations of the Pareto front
-            front = {t.number for t in study.best_trials}
-            ranked = [c for c in ranked if front.intersection(c.numbers)]
-        chosen = [c for c in configs if c.row.is_baseline] + ranked[: self.confirm]
-        by_number = {t.number: t for t in trials}
-        done = measured_again(trials)
-        todo = [c for c in chosen if len(c.values) == 1 and c.row.number not in done]
-        if not todo:
-            return None
-        # numbered after the search: the confirmations run or done, this one, those left
-        finished = sum(1 for t in trials if t.finished)
-        confirmed = sum(1 for t in trials if t.rec.measured_again and t.rec.recheck is None
-                        and (t.state in ("RUNNING", "COMPLETE") or t.engine_failed))
-        first = todo[0].row.number
-        return Run(by_number[first].params, TrialRecord(confirms=first), why=f"confirming trial {first} on a fresh engine",
-                   progress=(finished + confirmed + 1, finished + confirmed + len(todo)))
-
 
 WIDEN_MAX_CANDIDATES = 1000
 """A range is not widened where the space would then hold more candidates than this: each is
 predicted (its acceptance replayed once) at every decision."""
-
-SETTLE_STARTS = 3
-"""A choice of the baseline because the best gain lies within the band is settled by measuring the
-two again, the one on fewer engines first, up to this many engines each."""
-
-LEARN_SPREAD_MIN_CANDIDATES = 4
-"""Guided search measures the baseline twice first (:data:`RECHECK_SPREAD`) only in a space of at
-least this many speculative candidates: in a smaller one, measuring them all costs about as much."""
-
-STOP_CHANCE = DEFAULT_STOP_CHANCE
-"""Guided search stops once no candidate, unmeasured or measured on one engine, has more than
-this chance of beating the pick by more than the tolerance."""
-
-
-def _beyond_edge(outside: Sequence[Prediction], standing: _Standing,
-                 edges: Sequence[tuple[str, Engines]]) -> dict[str, object]:
-    """What a study kept to its space predicts past the ``edges`` its leaders sit on: how many
-    candidates, the best of them and its chance of beating the pick by more than the tolerance."""
-    best = max(outside, key=lambda p: p.value.value if standing.maximize else -p.value.value)
-    chance = chance_to_beat(best.value.value, prediction_sd(best, maximize=standing.maximize), standing.pick,
-                            standing.pick_sd, tolerance=standing.tolerance, maximize=standing.maximize)
-    return {"candidates": len(outside), "best": best.label, "predicted": best.value.value, "chance": chance,
-            "edges": [{"param": param, "at": f"{leader.row.label} (trial {leader.row.number})"}
-                      for param, leader in edges]}
-
-
-def _again(trials: Sequence[Snapshot], number: int, why: str) -> Run:
-    """Trial ``number``'s configuration measured again on a fresh engine, for guided search's
-    reason ``why`` (a RECHECK_* of :mod:`spectune.records`)."""
-    first = next(t for t in trials if t.number == number)
-    return Run(first.params, TrialRecord(confirms=number, recheck=why), why=f"{why}, again on a fresh engine")
-
-
-def study_tolerance(tolerance: float | None, spread: float | None) -> float:
-    """The tolerance of the stopping rule: the study's setting, else the larger of
-    :data:`~spectune.predict.DEFAULT_MARGIN` (2 %) and the engines' measured spread."""
-    if tolerance is not None:
-        return tolerance
-    return max(DEFAULT_MARGIN, spread or 0.0)
-
-
-def stop_reason(skipped: int, chance: float, tolerance: float, pick: str | None, number: int | None) -> str:
-    """Why guided search stopped, in one line (the log, ``show`` and the report say it)."""
-    where = f"{pick} (trial {number})" if pick is not None else "the pick"
-    return (f"no candidate left has more than a {STOP_CHANCE:.0%} chance of beating {where} by more than "
-            f"{tolerance:.1%} (the highest: {chance:.1%}; {skipped} unmeasured)")
-
-
-@dataclass(frozen=True)
-class _Standing:
-    """Where the search stands against its pick: the configuration the study would choose (by its
-    mean over its engines), how uncertain that mean is, the tolerance, and the other measured
-    configurations."""
-
-    top: Engines | None
-    pick: float
-    pick_sd: float
-    tolerance: float
-    one_start: float
-    """The relative spread of one engine start: the study's engine spread, the prior's until measured."""
-    rivals: list[Engines]
-    maximize: bool
-
-    def sd(self, c: Engines) -> float:
-        return abs(c.value) * max(c.noise, self.one_start) / math.sqrt(len(c.values))
-
-    def chance_of(self, c: Engines) -> float:
-        return chance_to_beat(c.value, self.sd(c), self.pick, self.pick_sd, tolerance=self.tolerance,
-                              maximize=self.maximize)
-
-    def leaders(self) -> list[Engines]:
-        """The pick, and the speculative configurations it cannot be told from: within the
-        tolerance of it, or more than :data:`STOP_CHANCE` likely to beat it by more."""
-        if self.top is None:
-            return []
-        near = [c for c in self.rivals
-                if abs(c.value - self.pick) <= self.tolerance * abs(self.pick) or self.chance_of(c) > STOP_CHANCE]
-        return [c for c in (self.top, *near) if not c.row.is_baseline]
-
-    def contenders(self) -> list[tuple[Engines, float]]:
-        """Rivals measured on one engine whose chance exceeds :data:`STOP_CHANCE`, likeliest first.
-        A configuration measured on two engines is settled: never measured again by the search."""
-        found = [(c, self.chance_of(c)) for c in self.rivals if len(c.values) == 1]
-        return sorted(((c, p) for c, p in found if p > STOP_CHANCE), key=lambda cp: -cp[1])
-
-    def chance(self, *, settled: bool = False) -> float:
-        """The highest chance among the rivals measured on one engine (``settled``: on two or more)."""
-        return max((self.chance_of(c) for c in self.rivals if (len(c.values) > 1) == settled), default=0.0)
-
-    def matters(self, t: Snapshot) -> bool:
-        """Whether a surprising trial could still beat the pick by its measurement, one engine start
-        as uncertain as engines differ (the pick itself always matters). A measurement far below a
-        prediction that was far off says more about the prediction than about the engine."""
-        if self.top is None or t.number in self.top.numbers:
-            return True
-        value = (t.values or [math.nan])[0]
-        return chance_to_beat(value, abs(value) * self.one_start, self.pick, self.pick_sd,
-                              tolerance=self.tolerance, maximize=self.maximize) > STOP_CHANCE
-
-
-def _standing(view: StudyView, maximize: bool, tolerance: float | None) -> _Standing:
-    engines = view.engines(confirmations=False)
-    found = view.spread(confirmations=False)
-    spread = found.measured
-    feasible = [c for c in engines if c.feasible]
-    sign = 1.0 if maximize else -1.0
-    top = max(feasible, key=lambda c: sign * c.value) if feasible else None
-    one = found.value
-    if top is None:
-        return _Standing(None, -sign * math.inf, 0.0, study_tolerance(tolerance, spread), one, [], maximize)
-    pick_sd = abs(top.value) * max(top.noise, one) / math.sqrt(len(top.values))
-    return _Standing(top, top.value, pick_sd, study_tolerance(tolerance, spread), one,
-                     [c for c in feasible if c is not top], maximize)
-
-
-def _best_measured(view: StudyView, maximize: bool) -> tuple[float, Engines | None]:
-    """What guided search compares its candidates with: the best measured value (mean over its
-    engines) at the low end of its noise, so that one lucky window, or one lucky engine once
-    engines are known to differ, does not end the search (-inf for a maximised objective while
-    nothing is feasible: anything could beat it); and the configuration the study would choose."""
-    sign = 1.0 if maximize else -1.0
-    engines = view.engines(confirmations=False)  # measured once: noise at least the engines' spread
-    feasible = [c for c in engines if c.feasible]
-    lows = [c.value * (1.0 - sign * c.noise) for c in feasible]
-    best = max(lows, key=lambda v: sign * v) if lows else -sign * math.inf
-    top = max(feasible, key=lambda c: sign * c.value) if feasible else None
-    return best, top

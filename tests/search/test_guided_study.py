@@ -288,7 +288,7 @@ def test_a_gain_within_the_band_has_the_baseline_measured_again_once(landscape: 
     from landscape_runs import scaled
 
     from spectune.records import RECHECK_BASELINE
-    from spectune.search._study import SETTLE_STARTS
+    from spectune.search._rechecks import SETTLE_STARTS
 
     values = landscape_values(landscape)
     best = max(values.values())
