@@ -24,10 +24,11 @@ settings for all:
    ``baseline_pick_rate`` is the share that export the baseline (null elsewhere);
    ``prior_interval_hit_rate`` is the share whose first speculative trial measured a value inside
    the interval guided search predicted for it from the prior and the baseline alone;
-   the same replays give, per landscape, ``stop_ratio`` (the median over the seeds of a study's
+   the same replays give, per landscape, ``engine_spreads`` (the engine spread each study ended
+   with, and its source), ``stop_ratio`` (the median over the seeds of a study's
    engine seconds from its first trial until it stopped, rechecks included, over the grid's:
    every candidate's first recorded start once), ``band_coverage`` (the share of studies whose
-   exported band, the choice's value +- its noise band, holds the landscape's best mean) and
+   exported interval, the choice's value times exp(+-its band), holds the landscape's best mean) and
    ``regret_median`` (how far the choice's mean lies below the best mean, median over the
    seeds); and ``rival_rules``: successive halving and the rule of vLLM's closed
    ``tune_speculative_k`` replayed on the same kind of draws (:func:`rival_rules`). A landscape
@@ -121,10 +122,12 @@ def start_space(name: str) -> Path | None:
 
 
 def decision_quality(landscape: Landscape, seeds: int, space: Path | None = None, *,
-                     extend: bool = True) -> dict[str, Any]:
+                     extend: bool = True, shared: bool = False) -> dict[str, Any]:
     """What guided studies answered by randomly drawn engine starts export (module docstring),
     starting from ``space`` where given (the landscape's own elsewhere), widening its ranges
-    past an edge unless ``extend`` is false."""
+    past an edge unless ``extend`` is false. ``shared``: every study in one storage, one after
+    the other, as a team's studies on one machine (each starts from the engine spread the
+    earlier ones measured); else each in a storage of its own."""
     from spectune.results import open_study
     from spectune.worker import run_study
 
@@ -141,10 +144,12 @@ def decision_quality(landscape: Landscape, seeds: int, space: Path | None = None
     stop_ratios: list[float] = []
     covered: list[bool] = []
     stopped: list[str | None] = []
+    spreads: list[dict[str, Any]] = []
     widened: list[list[str]] = []
     with tempfile.TemporaryDirectory(prefix="spectune-landscapes-") as work:
         for seed in range(seeds):
-            config = landscape.config(storage=f"sqlite:///{work}/d{seed}.db", study_name=f"d{seed}", sampler="guided",
+            db = "d" if shared else f"d{seed}"
+            config = landscape.config(storage=f"sqlite:///{work}/{db}.db", study_name=f"d{seed}", sampler="guided",
                                       seed=seed, trials=len(landscape.engines()), log_dir=f"{work}/logs", extend=extend,
                                       **({"space": str(space)} if space is not None else {}))
             spent: list[float] = []
@@ -156,6 +161,7 @@ def decision_quality(landscape: Landscape, seeds: int, space: Path | None = None
             stop_ratios.append(sum(spent) / grid)
             covered.append(band_holds(means[best], choice.value, choice.noise_band))
             stopped.append((view.study.user_attrs.get("guide") or {}).get("stop_reason"))
+            spreads.append(view.spread().record())
             widened.append([e["param"] + " " + str(e["range"].get("high")) for e in view.study.user_attrs.get("extensions") or []])
     same = [c == best or sign * (means.get(c, -sign * math.inf) / means[best] - 1.0) >= -band for c in chosen]
     regret = [regret_of(means, best, c, sign) for c in chosen]
@@ -167,6 +173,7 @@ def decision_quality(landscape: Landscape, seeds: int, space: Path | None = None
             "stop_ratios": stop_ratios, "stop_ratio": statistics.median(stop_ratios),
             "band_covered": covered, "band_coverage": statistics.fmean(covered),
             "regrets": regret, "regret_median": statistics.median(regret), "stop_reasons": stopped,
+            "engine_spreads": spreads,
             **({"start_space": str(space.relative_to(REPO)), "extend": extend, "widened": widened} if space else {})}
 
 
@@ -270,9 +277,10 @@ def grid_engine_seconds(landscape: Landscape) -> float:
 
 
 def band_holds(truth: float, value: float, band: float) -> bool:
-    """Whether the band a study exports, ``value`` +- ``band`` (relative), holds ``truth``, the
-    landscape's best mean."""
-    return abs(truth - value) <= band * abs(value)
+    """Whether the interval a study exports, ``value`` times exp(+-``band``) (the band is a
+    half-width on the log, :func:`spectune.noise.interval`), holds ``truth``, the landscape's
+    best mean."""
+    return value > 0 and truth > 0 and abs(math.log(truth / value)) <= band
 
 
 def regret_of(means: dict[str, float], best: str, chosen: str, sign: float) -> float:
