@@ -17,6 +17,7 @@ stopped (median), the share of studies whose exported interval holds the landsca
     .venv/bin/python benchmarks/spread_replay.py --landscape tiny --seeds 4
     .venv/bin/python benchmarks/spread_replay.py --no-early --out benchmarks/results/spread_replay_no_early.json
     .venv/bin/python benchmarks/spread_replay.py --markdown      # the table of the stored results
+    .venv/bin/python benchmarks/spread_replay.py --prior         # the CPU prior's figure (spectune.noise.PRIORS)
 """
 
 from __future__ import annotations
@@ -75,6 +76,23 @@ def compare(name: str, landscape: Landscape, before: dict[str, Any] | None, seed
     return out
 
 
+def recorded_prior() -> dict[str, Any]:
+    """The CPU prior's figure (:data:`spectune.noise.PRIORS`): the pooled spread of every recorded
+    landscape's candidates measured on two engine starts or more, with how many starts and landscapes."""
+    from spectune.noise import pooled_spread
+
+    groups, used = [], []
+    for path in sorted(LANDSCAPES.glob("*.json")):
+        if path.stem in SKIP:
+            continue
+        landscape = Landscape.load(path)
+        mine = [v for v in landscape.starts(landscape.config().objectives[0].value).values() if len(v) > 1]
+        if mine:
+            groups += mine
+            used.append(path.stem)
+    return {"value": pooled_spread(groups), "starts": sum(len(g) for g in groups), "landscapes": used}
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| landscape | studies | grid (s) | engine s to a decision, median: before → after "
              "| first study: before → after | later studies: before → after | band coverage before → after "
@@ -102,6 +120,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, default=DEFAULT_BEFORE)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--markdown", action="store_true", help="print the table of --out and exit")
+    parser.add_argument("--prior", action="store_true", help="print the CPU prior's figure from the recorded landscapes")
     parser.add_argument("--no-early", action="store_true",
                         help="the rule without its first step: the baseline is not measured twice before the first pick")
     args = parser.parse_args()
@@ -111,6 +130,10 @@ def main() -> None:
         rules.LEARN_SPREAD_MIN_CANDIDATES = 10 ** 9
     if args.markdown:
         print(markdown(json.loads(args.out.read_text())["landscapes"]))
+        return
+    if args.prior:
+        prior = recorded_prior()
+        print(f"CPU prior: {prior['value']:.1%} over {prior['starts']} engine starts of {len(prior['landscapes'])} landscapes")
         return
     logging.disable(logging.INFO)
     before = {r["name"]: r.get("decision") for r in json.loads(args.before.read_text())} if args.before.exists() else {}

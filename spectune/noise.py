@@ -35,7 +35,7 @@ class SpreadPrior:
 
 PRIORS = {
     "cpu": SpreadPrior(0.18, "cpu", "the pooled spread of the recorded CPU landscapes with repeated engine starts "
-                                    "(18.4 % over 692 starts of 12 landscapes, benchmarks/results/landscapes.json)"),
+                                    "(18.4 % over 692 starts of 12 landscapes: benchmarks/spread_replay.py --prior)"),
     "gpu": SpreadPrior(0.037, "gpu", "the top of the 1.5-3.7 % that published vLLM benchmarks measured between "
                                      "starts of one configuration on one GPU"),
 }
@@ -45,9 +45,9 @@ PRIOR_ENGINE_SPREAD = PRIORS["cpu"].value
 """The CPU prior: what a fit or band assumes when it is told no spread at all."""
 
 PRIOR_DOF = 1.0
-"""The prior counts as one degree of freedom beside the measured ones (a configuration measured on
-two engines adds one): a single pair of starts, which can land close by chance, moves the figure
-halfway, and many pairs decide it."""
+"""The prior counts as one degree of freedom beside the measured ones, as one more pair of starts
+would (a configuration measured on two engines adds one): a single pair, which can land close by
+chance, moves the figure halfway, and many pairs decide it."""
 
 BAND_Z = 1.96
 """The paired band is a 95 % interval on the gap between the choice and the baseline."""
@@ -91,7 +91,7 @@ class EngineSpread:
         where = "this study's" if self.source == "study" else "this machine's, over the studies in this storage,"
         return (f"Engine starts of one configuration differ by {self.value:.1%} here ({where} {self.starts} "
                 f"engine starts of configurations measured twice or more, with the {self.prior.value:.1%} "
-                f"{self.prior.platform} prior counted as {PRIOR_DOF:g} of them).")
+                f"{self.prior.platform.upper()} prior weighing as one more pair of starts).")
 
 
 def _parts(groups: Iterable[Sequence[float]]) -> list[tuple[int, float, int]]:
