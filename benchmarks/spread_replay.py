@@ -13,7 +13,7 @@ stopped (median), the share of studies whose exported interval holds the landsca
 (``same_pick_rate``), and the spread each study ended with (median, and its source). Writes
 ``benchmarks/results/spread_replay.json``::
 
-    .venv/bin/python benchmarks/spread_replay.py                 # every landscape, 10 seeds, ~40 min on 2 cores
+    .venv/bin/python benchmarks/spread_replay.py                 # every landscape, 5 studies each: ~25 min on 2 cores
     .venv/bin/python benchmarks/spread_replay.py --landscape tiny --seeds 4
     .venv/bin/python benchmarks/spread_replay.py --no-early --out benchmarks/results/spread_replay_no_early.json
     .venv/bin/python benchmarks/spread_replay.py --markdown      # the table of the stored results
@@ -116,7 +116,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--landscape", action="append", help="a landscape's name (default: every one)")
-    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--before", type=Path, default=DEFAULT_BEFORE)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--markdown", action="store_true", help="print the table of --out and exit")
