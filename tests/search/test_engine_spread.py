@@ -118,3 +118,23 @@ def test_another_machine_does_not_pool(landscape: Landscape, tmp_path: Path) -> 
         machine_key(here.store.measurement(here.baseline().trial_id))
     assert spent[:2] == ["none", "none"]  # nothing known on this machine: it learns its own
     assert there.spread().source == "study"
+
+
+def test_a_gpu_study_leans_on_the_gpu_prior_and_says_it_is_assumed(landscape: Landscape, tmp_path: Path) -> None:
+    inner = landscape.measurer()
+
+    def on_gpu(engine: object, spec: object, *args: object, **kwargs: object) -> Measurement:
+        m = inner(engine, spec, *args, **kwargs)
+        gpus = ["0, GPU-1111, NVIDIA H100 80GB HBM3, 81559 MiB"]
+        return m.model_copy(update={"hardware": m.hardware.model_copy(update={"platform": "gpu", "gpus": gpus})})
+
+    config = landscape.config(storage=f"sqlite:///{tmp_path / 'g.db'}", study_name="gpu", sampler="grid", trials=3,
+                              log_dir=str(tmp_path / "logs"))
+    run_study(config, measure_fn=on_gpu)
+    view = open_study(config.storage, "gpu")
+    spread = view.spread()
+    assert "NVIDIA H100 80GB HBM3" in machine_key(view.store.measurement(view.baseline().trial_id))
+    assert spread.source == "prior" and spread.value == PRIORS["gpu"].value
+    assert "assumed" in spread.note() and "gpu prior" in spread.note()
+    choice = view.best()
+    assert choice.spread == spread and choice.engine_spread is None  # nothing measured: no figure of its own
