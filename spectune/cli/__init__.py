@@ -14,10 +14,20 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-if TYPE_CHECKING:
-    from rich.console import Console
+from spectune.cli._args import (
+    OUTAGE_HELP,
+    STORAGE_HELP,
+    _err_console,
+    _one_line,
+    _outage_limit,
+    _parse_engine_arg,
+    _parse_list,
+    _print_best,
+    _print_json,
+)
+from spectune.cli._models import models_app, workloads_app
 
-    from spectune.results import StudyView
+if TYPE_CHECKING:
     from spectune.study import StudyContext
     from spectune.worker import Slot
 
@@ -28,25 +38,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-models_app = typer.Typer(help="Build or prepare checkpoints.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
-workloads_app = typer.Typer(help="Prompt sets.", no_args_is_help=True)
 app.add_typer(workloads_app, name="workloads")
 
 _state: dict[str, Any] = {"debug": False}
-
-STORAGE_HELP = ("Storage URL: sqlite:///FILE, or postgresql+psycopg://USER@HOST/DB for workers on several "
-                "machines. Default: $SPECTUNE_STORAGE, else sqlite:///storage/spectune.db in the current directory.")
-OUTAGE_HELP = ("How long a worker waits for an unreachable storage (seconds, or 90s, 10m) before it stops its "
-               "engines and exits (code 2); meanwhile it starts no engine and keeps a finished measurement. "
-               "Default: the study's storage_outage_limit (10m).")
-
-
-def _err_console() -> Console:
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
 
 @app.callback()
 def _root(
@@ -58,19 +53,6 @@ def _root(
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not (debug or verbose):  # vLLM imported for the offline replay warns about its own build (Triton)
         logging.getLogger("vllm").setLevel(logging.ERROR)
-
-
-def _parse_engine_arg(items: list[str]) -> dict[str, Any]:
-    from spectune._util import parse_yaml
-    from spectune.errors import ConfigError
-
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--engine-arg {item!r}: expected KEY=VALUE, e.g. enable-prefix-caching=true")
-        out[key] = parse_yaml(value, f"--engine-arg {item!r}") if value else True
-    return out
 
 
 @app.command()
@@ -221,35 +203,6 @@ def worker(
         _work(ctx, slots, mixed_gpus)
 
 
-def _parse_list(text: str, option: str, kind: type[int] | type[float], example: str) -> list[Any]:
-    """A comma-separated option's values (ConfigError: one that is not a number)."""
-    from spectune.errors import ConfigError
-
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: expected numbers like {example}") from None
-    if not values:
-        raise ConfigError(f"{option} {text!r}: expected numbers like {example}")
-    return values
-
-
-def _outage_limit(text: str | None) -> float | None:
-    """Seconds of ``--storage-outage-limit`` (ConfigError: not a positive duration)."""
-    from spectune.errors import ConfigError
-    from spectune.study import parse_duration
-
-    if text is None:
-        return None
-    try:
-        seconds = parse_duration(text)
-    except ValueError as e:
-        raise ConfigError(f"--storage-outage-limit: {e}") from None
-    if seconds <= 0:
-        raise ConfigError("--storage-outage-limit: give a duration longer than 0 (10m)")
-    return seconds
-
-
 def _work(ctx: StudyContext, slots: list[Slot], mixed_gpus: bool = False) -> None:
     """Run a worker on the study with rich progress, then say where the study stands. SIGTERM
     and Ctrl-C stop it politely: one line, exit 0."""
@@ -282,23 +235,6 @@ def _work(ctx: StudyContext, slots: list[Slot], mixed_gpus: bool = False) -> Non
     except SpectuneError as e:
         console.print(f"study {view.name} not annotated for the dashboard: {e}")
     _print_best(view)
-
-
-def _print_best(view: StudyView) -> None:
-    from spectune.errors import ConfigError
-
-    try:
-        choice = view.best()
-    except ConfigError as e:
-        _err_console().print(f"no best configuration yet: {e}")
-        return
-    typer.echo(f"best: {choice.row.label} (trial {choice.row.number}) - {choice.reason}")
-
-
-def _print_json(record: Any) -> None:
-    import json
-
-    sys.stdout.write(json.dumps(record, indent=2, default=str) + "\n")
 
 
 @app.command("import")
@@ -471,85 +407,6 @@ def predict(
         _print_json(record)
 
 
-@workloads_app.command("list")
-def workloads_list() -> None:
-    """Shipped prompt sets, read offline from installed packages, with their counts."""
-    from rich.console import Console
-
-    from spectune.workloads import shipped_sets_table
-
-    Console().print(shipped_sets_table())
-
-
-@models_app.command("build-tiny")
-def build_tiny(
-    directory: Annotated[Path, typer.Argument(help="Folder for target/, draft/ and eagle3/.")],
-    seed: Annotated[int, typer.Option()] = 0,
-    force: Annotated[bool, typer.Option(help="Rebuild even if present.")] = False,
-) -> None:
-    """Build a tiny Llama target, a draft sharing its tokenizer and an EAGLE-3 head for it (offline, about 1.5 min)."""
-    from spectune._progress import phase_progress
-    from spectune.checkpoints import build_tiny as build
-
-    with phase_progress(_err_console(), "build tiny models") as hook:
-        built = build(directory, seed=seed, force=force, progress=hook)
-    typer.echo(f"target: {built.target}\ndraft: {built.draft}\neagle3: {built.eagle3}")
-
-
-@models_app.command("prepare")
-def prepare(
-    name: Annotated[str, typer.Argument(help="smollm2, smollm2-draft (a 2-layer draft distilled from it, 5-12 min) "
-                                        "or smollm2-eagle3 (an EAGLE-3 head trained for it, about 15 min).")] = "smollm2",
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Cache folder.")] = None,
-    force: Annotated[bool, typer.Option()] = False,
-) -> None:
-    """Convert a shipped model into a checkpoint vLLM serves (offline, once); print its folder."""
-    from spectune._progress import phase_progress
-    from spectune.checkpoints import build_smollm2_draft, build_smollm2_eagle3, prepare_smollm2
-    from spectune.errors import ConfigError
-
-    builders = {"smollm2": lambda hook: prepare_smollm2(cache_dir, force=force, progress=hook),
-                "smollm2-draft": lambda hook: build_smollm2_draft(None, cache_dir, force=force, progress=hook),
-                "smollm2-eagle3": lambda hook: build_smollm2_eagle3(cache_dir, force=force, progress=hook)}
-    if name not in builders:
-        raise ConfigError(f"unknown model {name!r}; known: {', '.join(builders)}")
-    with phase_progress(_err_console(), f"prepare {name}") as hook:
-        typer.echo(str(builders[name](hook)))
-
-
-@models_app.command("train-head")
-def train_head(
-    target: Annotated[str, typer.Option(help="Target model: a folder, or a hub name (Llama- or Qwen-shaped).")],
-    workload: Annotated[str, typer.Option(help="Prompt file or shipped set whose answers the head learns.")],
-    num_prompts: Annotated[Optional[int], typer.Option(min=1, help="Prompts to use (default: all).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Head folder (default: <cache>/models/<target>-eagle3-<workload>).")] = None,
-    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 600,
-    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens of the target's answer to each prompt.")] = 64,
-    draft_vocab: Annotated[Optional[int], typer.Option(min=1, help="Draft vocabulary: the target's most used tokens (default: all).")] = None,
-    force: Annotated[bool, typer.Option(help="Train again even if the head is there.")] = False,
-) -> None:
-    """Train an EAGLE-3 head for TARGET on its own answers to WORKLOAD (CPU, or a GPU torch sees);
-    resumes where it stopped; print its folder, for `optimize --draft`."""
-    from spectune._progress import phase_progress
-    from spectune._util import validate
-    from spectune.checkpoints import HeadTraining
-    from spectune.checkpoints import train_head as train
-    from spectune.config import WorkloadSpec
-
-    spec = validate(WorkloadSpec, {"source": workload, "num_prompts": num_prompts}, "workload")
-    training = HeadTraining(steps=steps, max_new_tokens=max_tokens, draft_vocab_size=draft_vocab)
-    with phase_progress(_err_console(), "train head") as hook:
-        typer.echo(str(train(target, spec, out, training=training, force=force, progress=hook)))
-
-
-def _one_line(text: str) -> str:
-    """``text`` as one printable line: a line break or another control character (from a path,
-    a key, a value the message quotes) written as its escape, as is a lone surrogate (from
-    command-line bytes that are no UTF-8), which no terminal could be sent."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   for c in text)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: spectune's errors become one line and an exit code.
 
@@ -587,5 +444,3 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-if __name__ == "__main__":
-    main()
