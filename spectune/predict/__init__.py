@@ -73,9 +73,9 @@ from spectune.predict._measured import (
     proposer_of,
 )
 from spectune.predict._prediction import Prediction
+from spectune.predict._inputs import StudyInputs
 from spectune.predict._rank import (
     PRIOR_ALPHA,
-    StudyInputs,
     measured_prediction,
     predict_candidates,
 )
