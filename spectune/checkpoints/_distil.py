@@ -12,7 +12,7 @@ from spectune._util import ProgressHook, silent
 from spectune.checkpoints._distil_data import DistillExample
 from spectune.errors import ConfigError, SpectuneError
 
-__all__ = ["distill_loss", "draft_agreement", "greedy_path_batch", "init_draft_from_target", "train_draft",
+__all__ = ["distill_loss", "train_step", "draft_agreement", "greedy_path_batch", "init_draft_from_target", "train_draft",
            "window_batch"]
 
 logger = logging.getLogger(__name__)
@@ -194,13 +194,7 @@ def train_draft(
         hook("training the draft for {total} steps", step, steps)
         batch = window_batch(examples,
                              _pick_windows(examples, batch_size, window, gen, end_share))
-        loss = distill_loss(draft, batch, vocab=vocab)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(train_step(distill_loss(draft, batch, vocab=vocab), opt, sched, params))
     draft.eval()
     return losses
 
@@ -243,3 +237,14 @@ def draft_agreement(
 # The build
 
 
+def train_step(loss: Any, opt: Any, sched: Any, params: Any) -> float:
+    """One optimiser step on ``loss``, its gradient norm clipped at 1 and the schedule stepped
+    (the draft's distillation and the EAGLE-3 head's training); the loss as a float."""
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())

@@ -13,6 +13,7 @@ from typing import Any
 
 from spectune._hf import quiet_transformers
 from spectune._util import ProgressHook
+from spectune.checkpoints._distil import train_step
 from spectune.errors import SpectuneError
 
 __all__ = ["SAVE_EVERY", "HeadTraining"]
@@ -173,12 +174,7 @@ def _train(head: Any, data: dict[str, Any], training: HeadTraining, state_file: 
                 ok = y >= 0
                 hits[d] += (lg.argmax(-1)[ok] == y[ok]).sum().item()
                 seen[d] += ok.sum().item()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
+        losses.append(train_step(loss, opt, sched, params))
         if (step + 1) % SAVE_EVERY == 0 and step + 1 < training.steps:
             tmp = state_file.with_suffix(".tmp")
             torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),

@@ -35,34 +35,12 @@ from typing import TYPE_CHECKING, Any
 from spectune.config import SpecConfig
 from spectune.errors import ConfigError
 from spectune.measurement import spec_key
-from spectune.predict import (
-    DraftReplays,
-    warm_replays,
-)
-from spectune.records import (
-    RECHECK_BEST,
-    StudyRecord,
-    TrialRecord,
-    write_study_fields,
-)
-from spectune.search._base import (
-    Decision,
-    Run,
-    SearchStrategy,
-    Snapshot,
-    Stop,
-    Wait,
-    snapshots,
-)
+from spectune.predict import DraftReplays, warm_replays
+from spectune.records import RECHECK_BEST, StudyRecord, TrialRecord, write_study_fields
+from spectune.search._base import Decision, Run, SearchStrategy, Snapshot, Stop, Wait, snapshots
 from spectune.search._inputs import study_inputs
 from spectune.search._rechecks import Rechecks, measured_again
-from spectune.search._standing import (
-    STOP_CHANCE,
-    Standing,
-    beyond_edge,
-    standing_of,
-    stop_reason,
-)
+from spectune.search._standing import STOP_CHANCE, Standing, beyond_edge, standing_of, stop_reason
 from spectune.space import range_text
 from spectune.storage import MeasurementStore
 

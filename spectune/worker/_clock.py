@@ -7,20 +7,11 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from spectune.errors import (
-    EngineError,
-)
-from spectune.search import (
-    Stop,
-    StudyStrategy,
-    Wait,
-)
+from spectune.errors import EngineError
+from spectune.search import Stop, StudyStrategy, Wait
 from spectune.slots import Slot
 from spectune.storage import StorageGuard
-from spectune.study import (
-    StudyConfig,
-    create_study,
-)
+from spectune.study import StudyConfig, create_study
 
 if TYPE_CHECKING:
 

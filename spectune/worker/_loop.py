@@ -17,34 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from spectune._util import STOPS, Stopped, every
 from spectune.config import candidate_label
-from spectune.errors import (
-    BaselineFailedError,
-    EngineError,
-    EngineSlotError,
-    StorageUnreachableError,
-)
+from spectune.errors import BaselineFailedError, EngineError, EngineSlotError, StorageUnreachableError
 from spectune.measurement import candidate_key
 from spectune.objective import TrialFunction, trial_id
-from spectune.records import (
-    INTERRUPTED,
-    RECORD_VERSION,
-    Placement,
-    TrialRecord,
-    write_fields,
-)
-from spectune.search import (
-    Run,
-    SearchStrategy,
-    Snapshot,
-    Stop,
-    Wait,
-    snapshots,
-)
+from spectune.records import INTERRUPTED, RECORD_VERSION, Placement, TrialRecord, write_fields
+from spectune.search import Run, SearchStrategy, Snapshot, Stop, Wait, snapshots
 from spectune.slots import Slot
 from spectune.storage import StorageGuard, study_lock
-from spectune.study import (
-    StudyContext,
-)
+from spectune.study import StudyContext
 
 if TYPE_CHECKING:
     import optuna
