@@ -14,7 +14,7 @@ from spectune._util import StrictModel
 from spectune.errors import EngineError
 
 if TYPE_CHECKING:
-    from spectune.measurement import LevelStats, Measurement
+    from spectune.measurement._models import LevelStats, Measurement
 
 __all__ = ["NOISE_FLOOR", "SLO", "Objective", "relative_noise", "speedup"]
 
