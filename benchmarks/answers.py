@@ -29,7 +29,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from search_efficiency import _workdir  # noqa: E402
+from bench_common import workdir  # noqa: E402
 
 from spectune._util import atomic_write_text  # noqa: E402
 
@@ -132,7 +132,7 @@ def margins(args: argparse.Namespace) -> None:
     prompts = load_prompts(workload)
     runs: dict[str, dict[str, Any]] = {}
     costs: dict[str, Any] = {}
-    with _workdir() as tmp:
+    with workdir() as tmp:
         for dtype in ("float32", "bfloat16"):
             engine = EngineArgs(model=target, dtype=dtype, max_model_len=1024)
             with VLLMServer(engine, SpecConfig(method="none"), log_path=tmp / f"{dtype}.log", startup_timeout=600) as server:
@@ -176,7 +176,7 @@ def study(args: argparse.Namespace) -> None:
     from spectune.worker import run_study
 
     target = str(prepare_smollm2())
-    with _workdir() as tmp:
+    with workdir() as tmp:
         space = None
         if args.narrow:  # the demo space's fastest n-gram and suffix candidates alone
             space = tmp / "space.yaml"

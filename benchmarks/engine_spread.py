@@ -32,7 +32,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from search_efficiency import _tiny_models, _workdir  # noqa: E402
+from bench_common import tiny_models, workdir  # noqa: E402
 
 from spectune._util import atomic_write_text  # noqa: E402
 
@@ -113,7 +113,7 @@ def main() -> None:
     from spectune.workloads import load_prompts
 
     if args.tiny:
-        target = _tiny_models(None)[0]
+        target = tiny_models(None)[0]
         engine = EngineArgs(model=target, dtype="float32", max_model_len=1024, enforce_eager=True, seed=0)
     else:
         from spectune.checkpoints import prepare_smollm2
@@ -123,7 +123,7 @@ def main() -> None:
                                             "sampling": {"max_tokens": 48, "temperature": 0.0}})
     prompts = load_prompts(workload)
     runs: dict[str, list[dict[str, Any]]] = {"pinned": [], "unpinned": []}
-    with _workdir() as work:
+    with workdir() as work:
         for i in range(args.starts):
             for mode in (("pinned", "unpinned") if i % 2 == 0 else ("unpinned", "pinned")):
                 os.environ[PIN_ENV] = "1" if mode == "pinned" else "0"

@@ -48,9 +48,9 @@ def _from_landscape(args: argparse.Namespace) -> tuple[dict[str, list[Any]], str
     from spectune.landscape import Landscape
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from search_efficiency import _models_here
+    from bench_common import models_here
 
-    landscape = _models_here(Landscape.load(args.landscape))
+    landscape = models_here(Landscape.load(args.landscape))
     runs = {starts[0].label: [p.measurement for p in starts if p.measurement is not None]
             for starts in landscape.engines().values()}
     runs = {label: ms for label, ms in runs.items() if ms}

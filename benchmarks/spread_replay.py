@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from landscapes import LANDSCAPES, RESULTS, SKIP, decision_quality, grid_engine_seconds, start_space  # noqa: E402
-from search_efficiency import _models_here  # noqa: E402
+from bench_common import models_here  # noqa: E402
 
 from spectune._util import atomic_write_text  # noqa: E402
 from spectune.landscape import Landscape  # noqa: E402
@@ -142,7 +142,7 @@ def main() -> None:
     rows = {r["name"]: r for r in old}
     for name in names:
         print(f"{name}: {args.seeds} replayed studies", file=sys.stderr, flush=True)
-        here = _models_here(Landscape.load(LANDSCAPES / f"{name}.json"))  # as landscapes.py replays it
+        here = models_here(Landscape.load(LANDSCAPES / f"{name}.json"))  # as landscapes.py replays it
         rows[name] = compare(name, here, before.get(name), args.seeds)
         rows[name]["evaluated_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         out = {"landscapes": [rows[n] for n in sorted(rows)]}
