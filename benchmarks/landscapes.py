@@ -84,14 +84,14 @@ sys.path.insert(0, str(REPO))
 from spectune._util import atomic_write_text  # noqa: E402
 from spectune.landscape import Landscape  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from rival_rules import grid_engine_seconds, regret_of, rival_rules  # noqa: E402
+from landscapes_markdown import courses_markdown, decisions_markdown, edges_markdown, markdown, result_path  # noqa: E402
+
 LANDSCAPES = REPO / "benchmarks" / "landscapes"
 RESULTS = REPO / "benchmarks" / "results"
 SKIP = {"tiny_sweep"}
 """Landscapes recorded for other benchmarks (a concurrency sweep), not for search efficiency."""
-
-
-def _result_path(name: str) -> Path:
-    return RESULTS / ("search_efficiency.json" if name == "tiny" else f"search_efficiency_{name}.json")
 
 
 def _noisy_measurer(landscape: Landscape, seed: int, spent: list[float] | None = None):  # noqa: ANN202
@@ -188,107 +188,11 @@ def decisions(name: str, landscape: Landscape, seeds: int) -> dict[str, Any]:
     return quality
 
 
-VLLM_MAD_SCALE = 1.4826
-"""vLLM's closed ``tune_speculative_k``: a k scores its median minus this times its MAD over runs."""
-VLLM_TIE = 0.01
-"""...and scores within 1 % of the best go to the smaller k."""
-VLLM_RUNS = 3
-"""Engine starts per candidate the vLLM rule is replayed with (drawn from the recorded ones)."""
-
-
-def rival_rules(landscape: Landscape, seeds: int) -> dict[str, dict[str, Any]]:
-    """Two other ways to decide, replayed on the landscape with the same random draws of its
-    recorded engine starts as :func:`decision_quality` (one start drawn per measurement):
-
-    - ``successive_halving``: every candidate on one engine, then the better half (by its mean so
-      far) once more, and so on until one is left: the pick;
-    - ``grid_once``: every candidate on one engine, the best measured value its pick: the
-      regret the recording's own noise leaves at the grid's whole cost;
-    - ``vllm_tune_k``: the rule of vLLM's closed ``tune_speculative_k``: every candidate on
-      :data:`VLLM_RUNS` engines, scored by its median minus :data:`VLLM_MAD_SCALE` x MAD, the
-      pick the best score, where scores within :data:`VLLM_TIE` of it go to the smaller k (the
-      baseline's k is 0).
-
-    Per rule: ``stop_ratio`` (median over the seeds of the engine seconds spent over the grid's),
-    ``regret_median`` and ``same_pick_rate`` (as :func:`decision_quality`); neither exports a band."""
-    objective = landscape.config().objectives[0]
-    sign = 1.0 if objective.maximize else -1.0
-    means = landscape.means(objective.value)
-    best = max(means, key=lambda k: sign * means[k])
-    band = landscape.noise_band(objective.value)
-    grid = grid_engine_seconds(landscape)
-    engines = landscape.engines()
-
-    def draw(rng: random.Random, key: str) -> tuple[float | None, float]:
-        p = rng.choice(engines[key])
-        return landscape.value(p, objective.value), p.engine_seconds
-
-    def score(values: list[float]) -> float:
-        if not values:
-            return -math.inf
-        signed = [sign * v for v in values]
-        med = statistics.median(signed)
-        return med - VLLM_MAD_SCALE * statistics.median(abs(v - med) for v in signed)
-
-    def k_of(key: str) -> int:
-        return int(engines[key][0].spec.get("num_speculative_tokens") or 0)
-
-    out: dict[str, dict[str, Any]] = {}
-    for rule in ("successive_halving", "grid_once", "vllm_tune_k"):
-        ratios, chosen = [], []
-        for seed in range(seeds):
-            rng, spent = random.Random(seed), 0.0
-            seen: dict[str, list[float]] = {k: [] for k in engines}
-            rounds = VLLM_RUNS if rule == "vllm_tune_k" else 1
-            alive = list(engines)
-            while True:
-                for key in alive:
-                    for _ in range(rounds):
-                        value, seconds = draw(rng, key)
-                        spent += seconds
-                        if value is not None:
-                            seen[key].append(value)
-                if rule != "successive_halving" or len(alive) == 1:
-                    break
-                ranked = sorted(alive, key=lambda k: -sign * statistics.fmean(seen[k]) if seen[k] else math.inf)
-                alive = ranked[: max(1, len(alive) // 2)]
-            if rule == "successive_halving":
-                pick = alive[0]
-            elif rule == "grid_once":
-                pick = max((k for k in engines if seen[k]), key=lambda k: sign * seen[k][0])
-            else:
-                scores = {k: score(seen[k]) for k in engines}
-                top = max(scores.values())
-                near = [k for k, v in scores.items() if v >= top - VLLM_TIE * abs(top)]
-                pick = min(near, key=lambda k: (k_of(k), -scores[k]))
-            ratios.append(spent / grid)
-            chosen.append(engines[pick][0].label)
-        regret = [regret_of(means, best, c, sign) for c in chosen]
-        same = [c == best or sign * (means.get(c, -sign * math.inf) / means[best] - 1.0) >= -band for c in chosen]
-        out[rule] = {"stop_ratio": statistics.median(ratios), "regret_median": statistics.median(regret),
-                     "same_pick_rate": statistics.fmean(same), "chosen": chosen}
-    return out
-
-
-def grid_engine_seconds(landscape: Landscape) -> float:
-    """The exhaustive grid's engine seconds: every candidate's first recorded start once (as
-    ``evaluate``'s ``landscape_engine_seconds``)."""
-    return sum(p.engine_seconds for p in landscape.by_key().values())
-
-
 def band_holds(truth: float, value: float, band: float) -> bool:
     """Whether the interval a study exports, ``value`` times exp(+-``band``) (the band is a
     half-width on the log, :func:`spectune.noise.interval`), holds ``truth``, the landscape's
     best mean."""
     return value > 0 and truth > 0 and abs(math.log(truth / value)) <= band
-
-
-def regret_of(means: dict[str, float], best: str, chosen: str, sign: float) -> float:
-    """How far the chosen configuration's mean lies below the landscape's best mean (relative; 0
-    for the best, and for a choice whose every engine failed on the landscape: counted as 1)."""
-    if chosen not in means:
-        return 1.0
-    return max(0.0, sign * (means[best] - means[chosen]) / abs(means[best]))
 
 
 def prior_interval_coverage(landscape: Landscape) -> float | None:
@@ -355,7 +259,7 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
     wl = cfg.get("workload", {})
     accept = [e["error"] for e in result["prediction_errors"]["acceptance_length"]]
     hw = next((p.measurement.hardware for p in landscape.points if p.measurement is not None), None)
-    from search_efficiency import target_noise  # beside this script: main puts it on the path
+    from prediction_errors import target_noise  # beside this script: main puts it on the path
 
     return {
         "name": name, "workload": wl.get("source"), "concurrency": wl.get("concurrency"),
@@ -380,153 +284,6 @@ def row(name: str, landscape: Landscape, result: dict[str, Any], quality: dict[s
         "decision": quality, "dtype": _dtype(landscape),
         "machine": hw.model_dump() if hw is not None else None,
     }
-
-
-def _ratio(value: float | None, strategy: str, *, goal: bool = False) -> str:
-    """A ratio or share of guided search's engine seconds over ``strategy``'s: against the grid
-    (``grid``, which measures everything) None where some guided seed never got there; against
-    random search or TPE (medians over the seeds) None where guided's median never got there, 0
-    where the other's did not."""
-    if value is None:
-        return "a guided seed never got there" if strategy == "grid" else "guided's median never got there"
-    if value == 0.0 and strategy != "grid":
-        return f"{strategy}'s median never got there"
-    return f"**{value:.3f}**" if goal and value <= GOAL_RATIO else f"{value:.3f}"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}".replace("%", " %")
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-GOAL_RATIO = 0.15
-"""The goal for guided search: a configuration within the tolerance of the best for at most this
-share of the exhaustive grid's engine seconds."""
-
-
-def markdown(rows: list[dict[str, Any]]) -> str:
-    """The table of ``rows`` (``landscapes.json``) as ``benchmarks/RESULTS.md`` shows it: guided
-    search's engine seconds to within the noise band of the best and to within 2 % of it, as a
-    share of the exhaustive grid's (bold where at most :data:`GOAL_RATIO`) and over the grid's
-    in the space's order; over random search and TPE in the median over the seeds, to within
-    the band; and the other figures."""
-    head = ("| landscape | dtype | workload | in flight | candidates | noise band "
-            "| guided to within the band, share of the grid | guided / grid in order, within the band "
-            "| guided / random, medians within the band | guided / TPE, medians within the band "
-            "| guided to within 2 %, share of the grid | guided / grid in order, within 2 % "
-            "| acceptance length error (median / max) | throughput error "
-            "| a prediction at the true value, from the recorded mean | one engine start from its candidate's mean "
-            "| same pick | baseline pick "
-            "| first speculative trial inside the prior's interval | candidates inside the prior's interval |")
-    lines = [head, "|" + "---|" * (head.count(" | ") + 1)]
-    for r in rows:
-        lines.append("| " + " | ".join([
-            f"`{r['name']}`", str(r.get("dtype") or "-"), str(r["workload"]), str(r["concurrency"]),
-            str(r["candidates"]), f"+-{_pct(r['noise_band'])}",
-            _ratio(r["grid_share_band"], "grid", goal=True), _ratio(r["grid_ratio_band"], "grid"),
-            _ratio(r["random_median_ratio_band"], "random"), _ratio(r["tpe_median_ratio_band"], "TPE"),
-            _ratio(r["grid_share"], "grid", goal=True), _ratio(r["grid_ratio"], "grid"),
-            f"{_pct(r['acceptance_error_median'])} / {_pct(r['acceptance_error_max'])}", _pct(r["throughput_error"]),
-            _pct(r["throughput_target_noise"]), _pct(r["single_engine_error"]), _rate(r["same_pick_rate"]), _rate(r["baseline_pick_rate"]), _rate(r["prior_interval_hit_rate"]),
-            _rate(r["prior_interval_coverage"]),
-        ]) + " |")
-    return "\n".join(lines) + "\n"
-
-
-STOP_GOAL = 0.30
-"""Issue 42's goal: a study stops after at most this share of the grid's engine seconds."""
-
-
-def decisions_markdown(rows: list[dict[str, Any]]) -> str:
-    """Where guided search stops and how right its answer is, beside successive halving and
-    vLLM's ``tune_speculative_k`` rule replayed on the same draws (:func:`rival_rules`): the
-    median share of the grid's engine seconds spent until the study stopped (``stop_ratio``,
-    bold where at most :data:`STOP_GOAL`), the share of studies whose exported band holds the
-    landscape's best (``band_coverage``), the median regret and the same-pick rate."""
-    head = ("| landscape | studies | guided: stop ratio | band coverage | median regret | same pick "
-            "| successive halving: stop ratio / median regret / same pick "
-            "| the grid once: median regret / same pick "
-            "| vLLM's tune_speculative_k rule: stop ratio / median regret / same pick |")
-    lines = [head, "|" + "---|" * (head.count(" | ") + 1)]
-
-    def stop(v: float | None) -> str:
-        return "-" if v is None else f"**{v:.2f}**" if v <= STOP_GOAL else f"{v:.2f}"
-
-    for r in rows:
-        if r.get("stop_ratio") is None:
-            continue
-        rivals = r.get("rival_rules") or {}
-
-        def rival(name: str) -> str:
-            x = rivals.get(name)
-            return "-" if x is None else f"{x['stop_ratio']:.2f} / {_pct(x['regret_median'])} / {x['same_pick_rate']:.2f}"
-
-        lines.append("| " + " | ".join([
-            f"`{r['name']}`", str(r.get("decision_seeds")), stop(r["stop_ratio"]), _rate(r["band_coverage"]),
-            _pct(r["regret_median"]), _rate(r["same_pick_rate"]), rival("successive_halving"),
-            "-" if (g := rivals.get("grid_once")) is None else f"{_pct(g['regret_median'])} / {g['same_pick_rate']:.2f}",
-            rival("vllm_tune_k"),
-        ]) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def edges_markdown(rows: list[dict[str, Any]]) -> str:
-    """The landscapes whose studies start from a narrower space (:func:`start_space`): guided
-    search widening past the edges against the same studies kept to the space (``--no-extend``),
-    each scored against the best of the whole landscape."""
-    head = ("| landscape | studies | widened in | widened: same pick / median regret / stop ratio "
-            "| kept to the space: same pick / median regret / stop ratio |")
-    lines = [head, "|---|---|---|---|---|"]
-    for r in rows:
-        d, kept = r.get("decision") or {}, (r.get("decision") or {}).get("kept")
-        if not d.get("start_space") or kept is None:
-            continue
-        widened = statistics.fmean(bool(w) for w in d.get("widened") or [[]])
-        lines.append(f"| `{r['name']}` | {r.get('decision_seeds')} | {widened:.2f} of the studies | "
-                     f"{d['same_pick_rate']:.2f} / {_pct(d['regret_median'])} / {d['stop_ratio']:.2f} | "
-                     f"{kept['same_pick_rate']:.2f} / {_pct(kept['regret_median'])} / {kept['stop_ratio']:.2f} |")
-    return "\n".join(lines) + "\n"
-
-
-def _seconds(value: float | None, trials: list[int | None] | None = None) -> str:
-    if value is None:
-        return "a seed never got there"
-    return f"{value:.0f}" + (f" ({trials[0]})" if trials and len(set(trials)) == 1 and trials[0] else "")
-
-
-def courses_markdown(names: list[str]) -> str:
-    """What guided search spent on each landscape (its ``evaluate`` result): engine seconds (and
-    trials) until within the noise band and within 2 % of the best, the grid's in the space's
-    order and random search's and TPE's means, where it stopped and how far below the best its
-    choice lies; then the configurations it measured, in order."""
-    head = ("| landscape | guided: engine s (trials) to within the band | to within 2 % | grid in order: within the band "
-            "/ 2 % | random, mean: within the band / 2 % | TPE, mean: within the band / 2 % | grid's engine s "
-            "| guided stopped after (share of the grid's engine s) | guided's choice below the best |")
-    lines = [head, "|" + "---|" * (head.count(" | ") + 1)]
-    courses = ["", "| landscape | guided search measured, in order |", "|---|---|"]
-    for name in names:
-        result = json.loads(_result_path(name).read_text())
-        st, total = result["strategies"], result["landscape_engine_seconds"]
-        guided, trace = st["guided"], result["guided_trace"]
-        near = set(result["within_noise_band"])  # its trials to there: guided search is deterministic, seed 0's trace
-        within = [next((i + 1 for i, lb in enumerate(trace["measured"]) if lb in near), None)] \
-            if len(set(guided["seconds_to_reach_band"])) == 1 else None
-
-        def both(s: dict[str, Any]) -> str:
-            return f"{_seconds(s['mean_seconds_to_reach_band'])} / {_seconds(s['mean_seconds_to_reach'])}"
-
-        lines.append("| " + " | ".join([
-            f"`{name}`", _seconds(guided["mean_seconds_to_reach_band"], within),
-            _seconds(guided["mean_seconds_to_reach"], guided["trials_to_reach"]), both(st["grid"]), both(st["random"]),
-            both(st["tpe"]), f"{total:.0f}",
-            f"{len(trace['measured'])} starts ({_pct(statistics.fmean(guided['total_seconds']) / total)})",
-            _pct(guided["mean_regret"]),
-        ]) + " |")
-        courses.append(f"| `{name}` | {', '.join(trace['measured'])} |")
-    return "\n".join(lines + courses) + "\n"
 
 
 def main() -> None:
@@ -567,7 +324,7 @@ def main() -> None:
     when = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     payload = []
     for name in names:
-        path, out = LANDSCAPES / f"{name}.json", _result_path(name)
+        path, out = LANDSCAPES / f"{name}.json", result_path(name)
         reused = (args.reuse or args.decision_only) and out.exists() \
             and "noise_band" in json.loads(out.read_text())  # as this code writes it
         if not reused:
@@ -575,9 +332,9 @@ def main() -> None:
             subprocess.run([sys.executable, str(REPO / "benchmarks" / "search_efficiency.py"), "evaluate", str(path),
                             "--seeds", str(args.seeds), "--out", str(out)], check=True, cwd=REPO)
         landscape = Landscape.load(path)
-        from search_efficiency import _models_here  # the same models as evaluate replays with
+        from bench_common import models_here  # the same models as evaluate replays with
 
-        here = _models_here(landscape)
+        here = models_here(landscape)
         old = stored.get(name, {})
         if args.decision_only and "prior_interval_coverage" in old:
             print(f"{name}: decision quality over {args.decision_seeds} seeds", file=sys.stderr, flush=True)
