@@ -51,7 +51,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -60,9 +59,11 @@ import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from storage_writes import WriteTimer, dist, pooled_writes  # beside this script
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -78,106 +79,14 @@ methods:
     prompt_lookup_min: 1
 """
 WORKER_MODE = "_worker"
-_WRITE = re.compile(r"^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+\"?(\w+)", re.IGNORECASE)
 
 
 # -- worker mode: spectune's CLI with its storage writes timed ------------------------------------
 
-def _time_storage_writes() -> Callable[[], dict[str, Any]]:
-    """Time every storage write of this process from now on; returns what collects them.
-
-    SQLAlchemy's events on every Engine (Optuna's RDB storage and spectune's own table alike):
-    a transaction opens at ``begin``; a statement that writes marks it; the dialect's COMMIT is
-    wrapped, so that a transaction that wrote is timed from its begin to its commit's end."""
-    import threading
-
-    import sqlalchemy as sa
-    from sqlalchemy import event
-    from sqlalchemy.engine.default import DefaultDialect
-
-    clock = time.perf_counter
-    statements: list[tuple[str, str, float]] = []
-    commits: list[float] = []
-    transactions: list[float] = []
-    lock_waits: list[float] = []
-    claims: list[tuple[float, int, float]] = []  # the study's lock held: seconds, writes, their seconds
-    holding: list[Any] = []  # [acquired at, writes, their seconds] while this process holds it
-    rolled_back = [0]
-    open_txn: dict[int, list[Any]] = {}  # connection -> [begun at, wrote]
-    running: dict[int, float] = {}  # cursor -> statement started at
-    guard = threading.Lock()
-
-    def key(connection: Any) -> int:
-        return id(getattr(connection, "dbapi_connection", connection))
-
-    @event.listens_for(sa.engine.Engine, "begin")
-    def _begin(conn: sa.Connection) -> None:
-        with guard:
-            open_txn[key(conn.connection)] = [clock(), False]
-
-    @event.listens_for(sa.engine.Engine, "rollback")
-    def _rollback(conn: sa.Connection) -> None:
-        with guard:
-            entry = open_txn.pop(key(conn.connection), None)
-            if entry and entry[1]:
-                rolled_back[0] += 1
-
-    def study_key(parameters: Any) -> bool:  # spectune's schema lock has key 0, a study's another
-        return isinstance(parameters, dict) and parameters.get("b") not in (None, 0)
-
-    @event.listens_for(sa.engine.Engine, "before_cursor_execute")
-    def _before(conn: sa.Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        now = clock()
-        if "pg_advisory_unlock(" in statement and study_key(parameters) and holding:
-            at, writes, seconds = holding.pop()
-            claims.append((now - at, writes, seconds))
-        running[id(cursor)] = now
-
-    @event.listens_for(sa.engine.Engine, "after_cursor_execute")
-    def _after(conn: sa.Connection, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        now = clock()
-        took = now - running.pop(id(cursor), now)
-        if "pg_advisory_lock(" in statement:
-            if study_key(parameters):
-                lock_waits.append(took)
-                holding[:] = [[now, 0, 0.0]]
-            return
-        if (m := _WRITE.match(statement)) is None:
-            return
-        statements.append((m.group(2).lower(), m.group(1).split()[0].upper(), took))
-        with guard:
-            if (entry := open_txn.get(key(conn.connection))) is not None:
-                entry[1] = True
-
-    do_commit = DefaultDialect.do_commit
-
-    def timed_commit(self: DefaultDialect, dbapi_connection: Any) -> None:
-        t = clock()
-        try:
-            do_commit(self, dbapi_connection)
-        finally:
-            end = clock()
-            with guard:
-                entry = open_txn.pop(key(dbapi_connection), None)
-            if entry and entry[1]:
-                commits.append(end - t)
-                transactions.append(end - entry[0])
-                if holding:  # one slot per process (PostgreSQL here): its writes while it holds the lock
-                    holding[0][1] += 1
-                    holding[0][2] += end - entry[0]
-
-    DefaultDialect.do_commit = timed_commit  # type: ignore[method-assign]
-
-    def collect() -> dict[str, Any]:
-        return {"pid": os.getpid(), "statements": statements, "commits": commits, "transactions": transactions,
-                "lock_waits": lock_waits, "claims": claims, "rolled_back_writes": rolled_back[0]}
-
-    return collect
-
 
 def _worker_main(timings: Path, argv: list[str]) -> None:
     """``spectune ARGV`` through its console entry point, its storage writes written to ``timings``."""
-    collect = _time_storage_writes()
+    collect = WriteTimer().install().collect
     from spectune.cli import main
 
     try:
@@ -187,25 +96,6 @@ def _worker_main(timings: Path, argv: list[str]) -> None:
 
 
 # -- the benchmark ---------------------------------------------------------------------------------
-
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100), linear between the closest ranks (numpy's default)."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def _dist(xs: Sequence[float], unit: float = 1000.0, digits: int = 2) -> dict[str, Any]:
-    """n, p50, p90, p99 and max of ``xs`` (seconds), in ms by default."""
-    def r(x: float | None) -> float | None:
-        return None if x is None else round(x * unit, digits)
-
-    return {"n": len(xs), "p50": r(_pct(xs, 50)), "p90": r(_pct(xs, 90)), "p99": r(_pct(xs, 99)),
-            "max": r(max(xs) if xs else None)}
 
 
 @contextlib.contextmanager
@@ -316,7 +206,7 @@ def _run(kind: str, storage: str, workers: int, args: argparse.Namespace, work: 
     exits = [{"pid": p.pid, "exit": p.returncode, "last_lines": _lines(output / f"{i}.txt")[-3:]}
              for i, p in enumerate(procs)]
     result = _check(storage, name, args.trials, engines)
-    result.update(_writes(timings))
+    result.update(pooled_writes(timings))
     held = result["storage_writes"]["study_lock_held_seconds_total"]
     result["storage_writes"]["study_lock_busy_share"] = round(held / wall, 3) if wall > 0 and held else None
     result.update(_overhead(storage, name, engines, started.timestamp()))
@@ -396,29 +286,6 @@ def _check(storage: str, name: str, expected: int, engines: Path) -> dict[str, A
     return check
 
 
-def _writes(timings: Path) -> dict[str, Any]:
-    """Every worker's timed storage writes, pooled."""
-    files = [json.loads(p.read_text()) for p in sorted(timings.glob("[0-9]*.json"))]
-    statements = [s for f in files for s in f["statements"]]
-    claims = [c for f in files for c in f["claims"]]
-    by_table: dict[str, list[float]] = defaultdict(list)
-    for table, verb, took in statements:
-        by_table[f"{verb} {table}"].append(took)
-    return {"storage_writes": {
-        "transactions_ms": _dist([x for f in files for x in f["transactions"]]),
-        "commits_ms": _dist([x for f in files for x in f["commits"]]),
-        "statements_ms": _dist([s[2] for s in statements]),
-        "statements_by_table_ms": {k: _dist(v) for k, v in sorted(by_table.items(), key=lambda kv: -len(kv[1]))},
-        "study_lock_waits_ms": _dist([x for f in files for x in f["lock_waits"]]),
-        "study_lock_held_ms": _dist([c[0] for c in claims]),
-        "study_lock_held_seconds_total": round(sum(c[0] for c in claims), 2),
-        "write_transactions_per_claim": _dist([c[1] for c in claims], unit=1.0, digits=1),
-        "write_seconds_per_claim": _dist([c[2] for c in claims], unit=1.0, digits=3),
-        "rolled_back_writes": sum(f["rolled_back_writes"] for f in files),
-        "workers_reporting": len(files),
-    }}
-
-
 def _overhead(storage: str, name: str, engines: Path, launched: float) -> dict[str, Any]:
     """Per COMPLETE trial: its wall time, the engine's share, spectune's share, and the gap
     before it on its worker; per worker, the time from its launch to its first trial."""
@@ -462,12 +329,12 @@ def _overhead(storage: str, name: str, engines: Path, launched: float) -> dict[s
         gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
         first.append(spans[0][0] - launched)
     return {"per_trial_seconds": {
-        "trial_wall": _dist(walls, unit=1.0, digits=3),
-        "engine_answering": _dist(engine_s, unit=1.0, digits=3),
-        "spectune_overhead": _dist(over, unit=1.0, digits=3),
-        "gap_between_trials": _dist(gaps, unit=1.0, digits=3),
-        "health_seen_after_ready": _dist(lags, unit=1.0, digits=3),
-        "worker_launch_to_first_trial": _dist(first, unit=1.0, digits=3),
+        "trial_wall": dist(walls, unit=1.0, digits=3),
+        "engine_answering": dist(engine_s, unit=1.0, digits=3),
+        "spectune_overhead": dist(over, unit=1.0, digits=3),
+        "gap_between_trials": dist(gaps, unit=1.0, digits=3),
+        "health_seen_after_ready": dist(lags, unit=1.0, digits=3),
+        "worker_launch_to_first_trial": dist(first, unit=1.0, digits=3),
     }}
 
 
