@@ -214,12 +214,7 @@ def paired_gap_error(a: Sequence[Measurement], b: Sequence[Measurement],
     return head, False
 
 
-def engine_spread_note(spread: EngineSpread | float | None) -> str | None:
-    """The sentence ``show``, the reports and the dashboard note say about the engine spread
-    (None for a bare figure of 0 or None: engines alike, or nothing known)."""
-    if isinstance(spread, EngineSpread):
-        return spread.note()
-    if not spread:
-        return None
-    return (f"Engine starts of one configuration differ by {spread:.1%} here (pooled over those measured "
-            "twice): a configuration measured on one engine is taken as that uncertain.")
+def engine_spread_note(spread: EngineSpread | None) -> str | None:
+    """The sentence ``show``, the reports and the export header say about the engine spread
+    (:meth:`EngineSpread.note`; None without one)."""
+    return spread.note() if spread is not None else None

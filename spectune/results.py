@@ -18,6 +18,7 @@ from spectune.noise import (
     BAND_Z,
     PRIOR_ENGINE_SPREAD,
     EngineSpread,
+    SpreadPrior,
     band_of,
     engine_spread,
     engine_spread_note,
@@ -55,7 +56,7 @@ class StudyView:
         ids = store.trial_ids(study.study_name)
         self._engines: dict[bool, list[Engines]] = {}  # engines(), by confirmations, over the rows as they are
         self._spreads: dict[bool, EngineSpread] = {}
-        self._machine: list[list[float]] | None = None  # earlier studies' groups on this machine, read once
+        self._machine: tuple[list[list[float]], SpreadPrior] | None = None  # other studies' groups here, the prior
         self.rows = [trial_row(t, ids.get(t.number)) for t in study.get_trials(deepcopy=False)]
         self.rows = self._answers_compared()
         self.rows = self.speedups()
@@ -200,12 +201,14 @@ class StudyView:
         baseline's measurement), over the platform's prior. Built once per view."""
         if (known := self._spreads.get(confirmations)) is not None:
             return known
-        base = self.baseline() or next(iter(self.measured_rows()), None)
-        first = self.store.measurement(base.trial_id) if base is not None and base.trial_id is not None else None
-        if first is not None and self._machine is None:
-            self._machine = machine_groups(self.store, self.url, machine_key(first), self.objectives[0], skip=self.name)
-        own = [c.values for c in self._configs(confirmations)]
-        found = estimate(own, self._machine or [], prior_for(first.hardware.platform if first is not None else None))
+        if self._machine is None:  # the machine's groups and prior, read once per view
+            base = self.baseline() or next(iter(self.measured_rows()), None)
+            first = self.store.measurement(base.trial_id) if base is not None and base.trial_id is not None else None
+            self._machine = ([] if first is None else
+                             machine_groups(self.store, self.url, machine_key(first), self.objectives[0], skip=self.name),
+                             prior_for(first.hardware.platform if first is not None else None))
+        groups, prior = self._machine
+        found = estimate([c.values for c in self._configs(confirmations)], groups, prior)
         self._spreads[confirmations] = found
         return found
 
@@ -250,7 +253,7 @@ class StudyView:
 
         def choice(c: Engines, is_baseline: bool, reason: str, within: bool = False) -> Choice:
             return Choice(c.row, base.row, is_baseline, reason, band, c.value, 1.0 if c is base else gain,
-                          c.values, base.values, found_spread.measured, what, within, found_spread)
+                          c.values, base.values, what, within, found_spread)
 
         if best is base:
             faster = [c for c in self.engines() if not c.feasible and not c.row.is_baseline
@@ -290,7 +293,7 @@ class StudyView:
         why = (f"trial {number} as asked ({said}{'breaks ' + ', '.join(config.row.broken) + '; ' if config.row.broken else ''}"
                f"the study's choice: {best.row.label})")
         return Choice(config.row, base.row, config is base, why, band, config.value, gain, config.values, base.values,
-                      found_spread.measured, "paired band" if found is not None else "noise band", spread=found_spread)
+                      "paired band" if found is not None else "noise band", spread=found_spread)
 
     def paired_band(self, a: Engines, b: Engines, spread: float | None) -> tuple[float, bool] | None:
         """:func:`paired_band` of two configurations as measured in this study, and whether it

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -156,11 +157,27 @@ def trial_row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
     )
 
 
+MACHINE_GROUPS_SECONDS = 60.0
+"""How long :func:`machine_groups` keeps what it read: a worker builds a view of its study for each
+decision, and the other studies of its storage change little meanwhile."""
+
+_machine_cache: dict[tuple[str, str, str, str], tuple[float, list[list[float]]]] = {}
+
+
 def machine_groups(store: MeasurementStore, url: str, key: str, objective: str, *, skip: str) -> list[list[float]]:
     """The first objective of each configuration that the other studies in the storage at ``url``
     (all but ``skip``) measured on two engines or more on the machine ``key``
     (:func:`spectune.noise.machine_key`), in studies of the same first ``objective``. Imported
-    trials and copies of another trial count not."""
+    trials and copies of another trial count not. Read again after :data:`MACHINE_GROUPS_SECONDS`."""
+    asked, now = (url, key, objective, skip), time.monotonic()
+    if (kept := _machine_cache.get(asked)) is not None and now - kept[0] < MACHINE_GROUPS_SECONDS:
+        return kept[1]
+    out = _read_machine_groups(store, url, key, objective, skip)
+    _machine_cache[asked] = (now, out)
+    return out
+
+
+def _read_machine_groups(store: MeasurementStore, url: str, key: str, objective: str, skip: str) -> list[list[float]]:
     import optuna
 
     rdb = open_optuna_storage(url)
@@ -202,14 +219,17 @@ class Choice:
     engines: list[float] = field(default_factory=list)
     """The first objective on each engine that measured the chosen configuration."""
     baseline_engines: list[float] = field(default_factory=list)
-    engine_spread: float | None = None
-    """How much engine starts of one configuration differ (:meth:`StudyView.spread`; None on the
-    prior alone): the least noise of a configuration measured once."""
     band_kind: str = "noise band"
     within_band: bool = False
     """The baseline is chosen because the best speculative configuration's gain lies within the band."""
     spread: EngineSpread | None = None
     """The engine spread the band rests on, with where it came from."""
+
+    @property
+    def engine_spread(self) -> float | None:
+        """How much engine starts of one configuration differ where measured (None on the prior
+        alone): the least noise of a configuration measured once."""
+        return self.spread.measured if self.spread is not None else None
 
     @property
     def interval(self) -> tuple[float, float] | None:

@@ -181,7 +181,7 @@ def render_html(view: StudyView) -> str:
         verdict = "No speculation" if ctx.choice.is_baseline else e(row.label)
         parts.append(f"<p id='best'><strong>Best configuration:</strong> {verdict} (trial {row.number}): "
                      f"{e(ctx.choice.reason)}.</p>")
-        if (spread := engine_spread_note(ctx.choice.spread or ctx.choice.engine_spread)) is not None:
+        if (spread := engine_spread_note(ctx.choice.spread)) is not None:
             parts.append(f"<p>{e(spread)}</p>")
         if (answers := answers_line(view, ctx.choice)) is not None:
             parts.append(f"<p id='answers'>{e(answers)}</p>")
@@ -235,7 +235,7 @@ def render_markdown(view: StudyView) -> str:
         lines += [f"No best configuration yet: {ctx.why_none}.", ""]
     else:
         lines += [f"**Best configuration:** {best_line(ctx.choice)}", ""]
-        if (spread := engine_spread_note(ctx.choice.spread or ctx.choice.engine_spread)) is not None:
+        if (spread := engine_spread_note(ctx.choice.spread)) is not None:
             lines += [spread, ""]
         if (answers := answers_line(view, ctx.choice)) is not None:
             lines += [answers, ""]

@@ -76,7 +76,7 @@ def study_note(view: StudyView) -> str:
     lines.append(f"- {gain}{choice.band_kind} +-{choice.noise_band:.1%} on the log of the gain" + (
         " (95 % interval on the gap to the baseline, paired per prompt, engine starts included)"
         if choice.band_kind.startswith("paired band") else ""))
-    if (spread := engine_spread_note(choice.spread or choice.engine_spread)) is not None:
+    if (spread := engine_spread_note(choice.spread)) is not None:
         lines.append(f"- {spread}")
     if (answers := answers_line(view, choice)) is not None:
         lines.append(f"- {answers}")
