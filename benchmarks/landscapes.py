@@ -49,7 +49,7 @@ Writes ``benchmarks/results/landscapes.json``: a list with one object per landsc
 several: the noise of the single starts the predictions are fitted on; null with one start each),
 ``throughput_target_noise`` (how far a prediction at each candidate's true value would lie from
 its mean over the recorded starts, which ``throughput_error`` scores against:
-``search_efficiency.target_noise``, the recording's own share of that error; null with one start each),
+``prediction_errors.target_noise``, the recording's own share of that error; null with one start each),
 ``same_pick_rate``, ``baseline_pick_rate``, ``prior_interval_hit_rate``, ``prior_interval_coverage``, and what these
 rest on)::
 
