@@ -48,6 +48,11 @@ DEFAULT_STARTUP_TIMEOUT = 1800.0
 then compiling and capturing CUDA graphs, takes many minutes."""
 
 
+PORT_RETRIES = 2
+"""Times an engine is started again on a new port when the one found free was taken before the
+engine bound it (another process, or another engine started at the same moment)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now (an IPv4 or IPv6 address, or a name)."""
     family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
@@ -186,6 +191,7 @@ class VLLMServer(EngineServer):
         """Seconds to wait before each new start while the devices' memory is not yet free
         (:data:`MEMORY_BUSY`); the last refusal is the slot's fault (:class:`EngineSlotError`)."""
         _warn_if_exposed(self.args.host)
+        self._own_port = port is None
         self.port = port if port is not None else free_port(self.args.host)
         self.command = build_command(self.args, spec, self.port, self.platform)
         self._api_key = secrets.token_urlsafe(32)
@@ -258,21 +264,32 @@ class VLLMServer(EngineServer):
     def start(self) -> None:
         """Start the engine and wait until it is healthy; an engine refused because its devices'
         memory is not yet free (:data:`MEMORY_BUSY`) is started again after each of
-        :attr:`memory_waits`, its log kept."""
+        :attr:`memory_waits`, its log kept. A port this server chose, taken by another process
+        between the choice and the engine's bind, is chosen again (up to :data:`PORT_RETRIES` times)."""
         if self._proc is not None:
             raise RuntimeError("this server was already started")
-        for wait in (*self.memory_waits, None):
+        waits, rebinds = list(self.memory_waits), PORT_RETRIES if self._own_port else 0
+        while True:
             try:
                 self._launch()
                 return
             except EngineStartError as e:
-                if wait is None or not MEMORY_BUSY.search(str(e)):
+                taken = isinstance(e, EngineSlotError) and e.cause == "port"
+                if not (taken and rebinds) and not (waits and MEMORY_BUSY.search(str(e))):
                     raise
-                _logger.warning("engine refused to start, its devices' memory is not yet free; starting it again "
-                                "in %.0f s: %s", wait, e)
                 self.stop()
                 self._proc = None
                 self._sampling = threading.Event()
+                if taken:
+                    rebinds -= 1
+                    before, self.port = self.port, free_port(self.args.host)
+                    self.command = build_command(self.args, self.spec, self.port, self.platform)
+                    _logger.warning("engine could not bind port %d, taken since it was found free; starting it "
+                                    "again on port %d", before, self.port)
+                    continue
+                wait = waits.pop(0)
+                _logger.warning("engine refused to start, its devices' memory is not yet free; starting it again "
+                                "in %.0f s: %s", wait, e)
                 time.sleep(wait)
 
     def _launch(self) -> None:

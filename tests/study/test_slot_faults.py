@@ -95,8 +95,9 @@ def test_a_gpu_that_fails_twice_leaves_the_study_and_its_trials_are_measured_on_
         result = run_study(cfg, gpus="0,1", measure_fn=FAKE_MEASURE)
     trials = snapshots(optuna.load_study(study_name="slots", storage=cfg.storage))
     back = [t for t in trials if t.state == "FAIL"]
-    assert len(back) == 2 and all(t.rec.fail_reason.startswith("handed back (devices): ") for t in back)
-    assert all(t.rec.placement.gpus == "1" for t in back) and not any(t.engine_failed for t in trials)
+    told = [(t.number, t.rec.placement.gpus, t.rec.fail_reason) for t in back]
+    assert len(back) == 2 and all(t.rec.fail_reason.startswith("handed back (devices): ") for t in back), told
+    assert all(t.rec.placement.gpus == "1" for t in back) and not any(t.engine_failed for t in trials), told
     done = [t for t in trials if t.state == "COMPLETE"]
     assert len(done) == 4 == result.finished == result.measured and {t.rec.placement.gpus for t in done} == {"0"}
     assert Counter(t.rec.spec_key for t in done).most_common(1)[0][1] == 1  # each candidate once: none lost
@@ -148,3 +149,37 @@ def test_a_baseline_that_fails_stops_the_study_in_one_line(tmp_path: Path, repet
     with pytest.raises(BaselineFailedError):  # and a worker that joins later stops at once
         run_study(cfg, measure_fn=FAKE_MEASURE)
     assert len(optuna.load_study(study_name="nobase", storage=cfg.storage).trials) == 1
+
+
+def test_a_port_taken_between_its_choice_and_the_engines_bind_is_chosen_again(
+        tmp_path: Path, engines: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import socket
+
+    from spectune.engines import _vllm
+
+    with socket.socket() as held:  # another process's listener on the port found free
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        chosen = iter([taken])
+        real = _vllm.free_port
+        monkeypatch.setattr(_vllm, "free_port", lambda host="127.0.0.1": next(chosen, None) or real(host))
+        server = VLLMServer(EngineArgs(model="m"), SpecConfig(), log_path=tmp_path / "e.log", platform=FAKE,
+                            startup_timeout=60)
+        with caplog.at_level(logging.WARNING, logger="spectune"), server:
+            assert server.port != taken and httpx_ok(server.base_url + "/health")
+        assert [r.getMessage() for r in caplog.records] == [
+            f"engine could not bind port {taken}, taken since it was found free; starting it again on port {server.port}"]
+        assert "address already in use" in (tmp_path / "e.log").read_text().lower()
+        # a port the user gave is theirs: taken, it is the slot's fault, not tried elsewhere
+        given = VLLMServer(EngineArgs(model="m"), SpecConfig(), log_path=tmp_path / "f.log", platform=FAKE,
+                           startup_timeout=60, port=taken)
+        with pytest.raises(EngineSlotError) as caught, given:
+            pass
+        assert caught.value.cause == "port" and given.port == taken
+
+
+def httpx_ok(url: str) -> bool:
+    import httpx
+
+    return httpx.get(url, timeout=10).status_code == 200
