@@ -27,8 +27,8 @@ from spectune.answers import ANSWERS, AnswerRule, Fidelity, compare
 from spectune.errors import EngineError, EngineSlotError
 from spectune.measurement import relative_noise, spec_key, speedup
 from spectune.records import TrialRecord, handed_back, write_fields, write_study_fields
-from spectune.storage import MeasurementStore, StorageGuard
-from spectune.study import StudyConfig, StudyEvent, StudyHook, features_with_outputs
+from spectune.storage import StorageGuard
+from spectune.study import StudyContext, StudyEvent, StudyHook, features_with_outputs
 
 if TYPE_CHECKING:
     import optuna
@@ -64,20 +64,16 @@ def trial_id(storage: optuna.storages.BaseStorage, study_name: str, number: int)
 
 @dataclass
 class TrialFunction:
-    """Measures a study's trials: the engine arguments, workload and objectives of one study.
+    """Measures a study's trials: the engine arguments, workload and objectives of one study,
+    all read from its context ``ctx`` (:class:`~spectune.study.StudyContext`).
 
     Thread-safe: the workers of one process (one per GPU group) share it; each call runs its own
     engine. ``measure`` is :func:`spectune.trial.measure` or a stand-in with its arguments (a
     recorded landscape's :meth:`~spectune.landscape.Landscape.measurer`). ``guard``: the worker's
-    (default: one of the study's ``storage_outage_limit``).
+    (default: :meth:`StudyContext.guard <spectune.study.StudyContext.guard>`).
     """
 
-    config: StudyConfig
-    study: optuna.Study
-    storage: optuna.storages.BaseStorage
-    store: MeasurementStore
-    engine: EngineArgs
-    prompts: Sequence[Prompt]
+    ctx: StudyContext
     measure: Callable[..., Measurement]
     hook: StudyHook
     trial_progress: Callable[[str], TrialHook | None] | None = None
@@ -88,7 +84,11 @@ class TrialFunction:
     def __post_init__(self) -> None:
         self.counts = {"measured": 0, "failed": 0, "reused": 0}
         if self.guard is None:
-            self.guard = StorageGuard(self.store.url, self.config.storage_outage_limit)
+            self.guard = self.ctx.guard()
+        c = self.ctx
+        self.config, self.study, self.storage, self.store = c.config, c.study, c.storage, c.store
+        self.engine: EngineArgs = c.engine
+        self.prompts: Sequence[Prompt] = c.prompts
 
     def __call__(self, trial: optuna.Trial, spec: SpecConfig, progress: tuple[int, int],
                  engine: EngineArgs | None = None) -> list[float]:
@@ -130,11 +130,12 @@ class TrialFunction:
             raise
         except EngineError as e:
             self.counts["failed"] += 1
+            error = str(e)
 
             def record_failure() -> None:
-                write_fields(trial, fail_reason=str(e))
+                write_fields(trial, fail_reason=error)
                 self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
-                                  spec_key=key, error=str(e))
+                                  spec_key=key, error=error)
 
             self.guard.call(f"recording trial {trial.number}'s failure", record_failure)
             self._end(number, of, name, "FAIL", None, str(e), trial=trial.number)

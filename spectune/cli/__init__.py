@@ -144,8 +144,8 @@ def optimize(
     answers: Annotated[Optional[str], typer.Option(help="Which answers, held against the baseline's at temperature 0, rule a configuration out: rounding (default: near-ties of the baseline may flip, no other answer may change), identical, or off.")] = None,
 ) -> None:
     """Run (or resume) an Optuna study over speculative configurations on real engines."""
-    from spectune.storage import resolve_storage_url, safe_url, worker_claim
     from spectune.errors import ConfigError
+    from spectune.storage import safe_url, worker_claim
     from spectune.study import CLEAR, create_study, load_study_config, plan_study
     from spectune.worker import parse_gpus
 
@@ -172,7 +172,7 @@ def optimize(
     })
     slots = parse_gpus(gpus)
     plan = plan_study(cfg)  # every check of the input before the storage is claimed: nothing written on exit 2
-    with worker_claim(resolve_storage_url(cfg.storage)):  # a second process on SQLite writes nothing
+    with worker_claim(plan.url):  # a second process on SQLite writes nothing
         ctx = create_study(cfg, plan)
         if create_only:
             typer.echo(f"created study {ctx.study.study_name} in {safe_url(ctx.url)}: {cfg.trials} trials; "
@@ -190,14 +190,14 @@ def worker(
     storage_outage_limit: Annotated[Optional[str], typer.Option(help=OUTAGE_HELP)] = None,
 ) -> None:
     """Join a study from this machine and measure its trials until it needs no more."""
-    from spectune.storage import resolve_storage_url, worker_claim
+    from spectune.storage import worker_claim
     from spectune.study import join_study
     from spectune.worker import parse_gpus
 
     slots = parse_gpus(gpus)
     limit = _outage_limit(storage_outage_limit)
-    with worker_claim(resolve_storage_url(storage, create=False)):  # joins a study: the storage exists
-        ctx = join_study(storage, study)
+    ctx = join_study(storage, study)  # reads the study (its storage resolved there, once); writes nothing
+    with worker_claim(ctx.url):
         if limit is not None:  # this worker's own, over the study's
             ctx.config = ctx.config.model_copy(update={"storage_outage_limit": limit})
         _work(ctx, slots, mixed_gpus)

@@ -34,7 +34,14 @@ from spectune.engines import detect_platform, method_refusal
 from spectune.errors import ConfigError
 from spectune.measurement import Objective
 from spectune.records import StudyRecord, write_study_fields
-from spectune.storage import MeasurementStore, open_optuna_storage, resolve_storage_url, safe_url, study_lock
+from spectune.storage import (
+    MeasurementStore,
+    StorageGuard,
+    open_optuna_storage,
+    resolve_storage_url,
+    safe_url,
+    study_lock,
+)
 from spectune.study._config import CLEAR, StudyConfig, load_study_config, parse_duration
 from spectune.workloads import WorkloadFeatures, compute_features
 
@@ -42,6 +49,7 @@ if TYPE_CHECKING:
     import optuna
 
     from spectune.measurement import Measurement
+    from spectune.search import StudyStrategy
     from spectune.space import SearchSpace
 
 __all__ = ["CLEAR", "StudyConfig", "StudyContext", "StudyEvent", "StudyPlan", "StudyResult", "create_study", "join_study",
@@ -115,7 +123,9 @@ def _sampler(config: StudyConfig) -> optuna.samplers.BaseSampler:
 @dataclass
 class StudyContext:
     """A study opened for measuring: its configuration as stored, the storage, the resolved
-    space, engine arguments and prompts. What :func:`spectune.worker.run_worker` works on."""
+    space, engine arguments and prompts. What :func:`spectune.worker.run_worker` works on, and
+    what it hands down: the search and the storage's guard are built from it (:meth:`strategy`,
+    :meth:`guard`); nothing below reads the configuration file or resolves the storage again."""
 
     config: StudyConfig
     url: str
@@ -125,6 +135,21 @@ class StudyContext:
     space: SearchSpace
     engine: EngineArgs
     prompts: list[Prompt]
+
+    def guard(self) -> StorageGuard:
+        """A guard of this study's storage, waiting out outages up to its ``storage_outage_limit``."""
+        return StorageGuard(self.url, self.config.storage_outage_limit)
+
+    def strategy(self, on_guide_stopped: Callable[[str], None] | None = None,
+                 on_budget_spent: Callable[[float], None] | None = None) -> StudyStrategy:
+        """The study's search, as its configuration asks (sampler, budget, confirmations)."""
+        from spectune.search import StudyStrategy
+
+        c = self.config
+        return StudyStrategy(space=self.space, store=self.store, url=self.url, sampler=c.sampler,
+                             objectives=len(c.objectives), trials=c.trials, confirm=c.confirm,
+                             time_budget=c.time_budget, tolerance=c.tolerance, extend=c.extend,
+                             on_guide_stopped=on_guide_stopped, on_budget_spent=on_budget_spent)
 
     def current_space(self) -> SearchSpace:
         """:attr:`space` with the ranges guided search has widened past its edges so far, as the
@@ -139,20 +164,29 @@ identity, so that workers on other GPUs and hosts share the study."""
 
 @dataclass(frozen=True)
 class StudyPlan:
-    """What a study's configuration resolves to, checked, before anything is written: its space
-    with the drafts filled, the engine arguments of its trials and its prompts."""
+    """What a study's configuration resolves to, checked, before anything is written: the
+    configuration with its storage URL resolved, its space with the drafts filled, the engine
+    arguments of its trials and its prompts. Resolved once, at the top, and handed down."""
 
+    config: StudyConfig
     space: SearchSpace
     engine: EngineArgs
     prompts: list[Prompt]
 
+    @property
+    def url(self) -> str:
+        """The storage URL, resolved (``storage`` of :attr:`config`)."""
+        return str(self.config.storage)
+
 
 def plan_study(config: StudyConfig) -> StudyPlan:
     """Resolve and check everything :func:`create_study` needs from ``config`` (the space, the
-    prompts, the engine, each proposer's pairing with the target) without touching the storage.
+    prompts, the engine, each proposer's pairing with the target, last the storage URL) without
+    writing to the storage (a SQLite file's folder is created).
 
     Raises:
         ConfigError: anything :func:`create_study` would refuse before writing.
+        StorageError: a storage that cannot be used (:func:`~spectune.storage.resolve_storage_url`).
     """
     from spectune.workloads import load_prompts
 
@@ -169,7 +203,9 @@ def plan_study(config: StudyConfig) -> StudyPlan:
     if config.answers is not AnswerRule.OFF and (t := config.workload.sampling.temperature) > 0:
         _logger.warning("answers are not checked against the baseline's: the workload samples at temperature %g, "
                         "where answers differ by chance (set temperature 0 to check them)", t)
-    return StudyPlan(space, _checked_engine(config, space, prompts), prompts)
+    engine = _checked_engine(config, space, prompts)
+    resolved = config.model_copy(update={"storage": resolve_storage_url(config.storage)})
+    return StudyPlan(resolved, space, engine, prompts)
 
 
 def _checked_engine(config: StudyConfig, space: SearchSpace, prompts: list[Prompt]) -> EngineArgs:
@@ -190,13 +226,13 @@ def _checked_engine(config: StudyConfig, space: SearchSpace, prompts: list[Promp
     return engine
 
 
-def _open(config: StudyConfig, space: SearchSpace, prompts: list[Prompt], engine: EngineArgs | None = None) -> StudyContext:
-    """Validate what the trials need (unless ``engine`` says it was), then open the storage and
-    the study (created if new)."""
+def _open(config: StudyConfig, url: str, space: SearchSpace, prompts: list[Prompt],
+          engine: EngineArgs | None = None) -> StudyContext:
+    """Validate what the trials need (unless ``engine`` says it was), then open the storage at
+    ``url`` (resolved) and the study (created if new)."""
     import optuna
 
     engine = engine if engine is not None else _checked_engine(config, space, prompts)
-    url = resolve_storage_url(config.storage)
     storage = open_optuna_storage(url, heartbeat_interval=config.heartbeat_interval, grace_period=config.grace_period)
     store = MeasurementStore(url)
     # Optuna logs each failed trial with a traceback at WARNING; spectune reports failures itself.
@@ -226,7 +262,8 @@ def resolved_space(config: StudyConfig) -> SearchSpace:
 def create_study(config: StudyConfig, plan: StudyPlan | None = None) -> StudyContext:
     """Create the study ``config`` describes, or open it to resume: everything a worker on any
     machine needs to join it is stored with it (its configuration, resolved space and prompts).
-    ``plan``: :func:`plan_study`'s for ``config``, where the caller checked it first.
+    ``plan``: :func:`plan_study`'s for ``config``, where the caller checked it first (and claimed
+    its storage, :attr:`StudyPlan.url`); the study is opened with the plan's configuration.
 
     Raises ConfigError / StorageError for bad input before anything is written: a resumed
     study must keep its target, workload and engine (:data:`RESUME_KEYS`).
@@ -234,8 +271,8 @@ def create_study(config: StudyConfig, plan: StudyPlan | None = None) -> StudyCon
     import optuna
 
     plan = plan if plan is not None else plan_study(config)
-    space = plan.space
-    ctx = _open(config, space, plan.prompts, plan.engine)
+    config, space = plan.config, plan.space
+    ctx = _open(config, plan.url, space, plan.prompts, plan.engine)
     study, name = ctx.study, ctx.study.study_name
     have = [d.name.lower() for d in study.directions]  # fixed when Optuna created the study
     if have != [o.direction for o in config.objectives]:
@@ -290,7 +327,7 @@ def join_study(storage: str | None, study_name: str) -> StudyContext:
     config = validate(StudyConfig, {**definition["config"], "storage": url}, source)
     space = validate(SearchSpace, definition["space"], source)
     prompts = [validate(Prompt, p, source) for p in definition["prompts"]]
-    return _open(config, space, prompts)
+    return _open(config, url, space, prompts)
 
 
 def study_names(url: str) -> list[str]:

@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING
 from spectune._util import STOPS, Stopped
 from spectune.errors import SlotsLostError
 from spectune.objective import TrialFunction
-from spectune.search import SearchStrategy, StudyStrategy, snapshots
+from spectune.search import SearchStrategy, snapshots
 from spectune.slots import Slot, check_placement, parse_gpus
-from spectune.storage import StorageGuard, resolve_storage_url, worker_claim
-from spectune.study import StudyConfig, StudyContext, StudyEvent, StudyHook, StudyResult, create_study
+from spectune.storage import worker_claim
+from spectune.study import StudyConfig, StudyContext, StudyEvent, StudyHook, StudyResult, create_study, plan_study
 from spectune.worker._clock import replay_on_clock
 from spectune.worker._loop import POLL_SECONDS as POLL_SECONDS
 from spectune.worker._loop import SLOT_FAULTS_OUT
@@ -105,20 +105,15 @@ def run_worker(
     slots = slots or [Slot()]
     hook = progress or (lambda e: None)
     config = ctx.config
-    guard = StorageGuard(ctx.url, config.storage_outage_limit)
+    guard = ctx.guard()
     with worker_claim(ctx.url), _stopping_on(stop_signals) as stopped:
         guard.call("joining the study", lambda: check_placement(ctx, slots, mixed_gpus=mixed_gpus))
-        strategy = strategy or StudyStrategy(
-            space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler, objectives=len(config.objectives),
-            trials=config.trials, confirm=config.confirm, time_budget=config.time_budget, tolerance=config.tolerance,
-            extend=config.extend,
+        strategy = strategy or ctx.strategy(
             on_guide_stopped=lambda why: hook(StudyEvent("guide_stop", 0, config.trials, "", reason=why)),
             on_budget_spent=lambda spent: hook(StudyEvent("budget_stop", 0, config.trials, "", done=round(spent),
                                                           of=round(config.time_budget or 0))))
-        run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
-                            prompts=ctx.prompts, measure=measure_fn or measure_engine, hook=hook,
-                            trial_progress=trial_progress, guard=guard,
-                            load_process=len(slots) > 1)  # engines side by side: clients that share no GIL
+        run = TrialFunction(ctx, measure=measure_fn or measure_engine, hook=hook, trial_progress=trial_progress,
+                            guard=guard, load_process=len(slots) > 1)  # engines side by side: clients that share no GIL
         worker = _Worker(ctx, strategy, run, slots, poll_seconds, guard)
         try:
             worker.run_slots()
@@ -200,6 +195,7 @@ def run_study(
     KeyboardInterrupt through after the running engines have been stopped.
     """
     slots = parse_gpus(gpus)  # bad input first
-    with worker_claim(resolve_storage_url(config.storage)):  # a second process on SQLite writes nothing
-        return run_worker(create_study(config), slots=slots, progress=progress, trial_progress=trial_progress,
+    plan = plan_study(config)  # resolved once (the storage URL too), and handed down
+    with worker_claim(plan.url):  # a second process on SQLite writes nothing
+        return run_worker(create_study(config, plan), slots=slots, progress=progress, trial_progress=trial_progress,
                           measure_fn=measure_fn, stop_signals=stop_signals, mixed_gpus=mixed_gpus)

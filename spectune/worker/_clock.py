@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from spectune.errors import EngineError
-from spectune.search import Stop, StudyStrategy, Wait
+from spectune.search import Stop, Wait
 from spectune.slots import Slot
-from spectune.storage import StorageGuard
 from spectune.study import StudyConfig, create_study
 
 if TYPE_CHECKING:
@@ -35,13 +34,9 @@ def replay_on_clock(config: StudyConfig, measure_fn: Callable[..., Measurement],
     from spectune.objective import TrialFunction
 
     ctx = create_study(config)
-    guard = StorageGuard(ctx.url, config.storage_outage_limit)
-    strategy = StudyStrategy(space=ctx.space, store=ctx.store, url=ctx.url, sampler=config.sampler,
-                             objectives=len(config.objectives), trials=config.trials, confirm=config.confirm,
-                             time_budget=config.time_budget, tolerance=config.tolerance, extend=config.extend)
-    run = TrialFunction(config=config, study=ctx.study, storage=ctx.storage, store=ctx.store, engine=ctx.engine,
-                        prompts=ctx.prompts, measure=measure_fn, hook=lambda e: None, guard=guard)
-    worker = _Worker(ctx, strategy, run, [Slot((i,)) for i in range(slots)], 0.0, guard)
+    guard = ctx.guard()
+    run = TrialFunction(ctx, measure=measure_fn, hook=lambda e: None, guard=guard)
+    worker = _Worker(ctx, ctx.strategy(), run, [Slot((i,)) for i in range(slots)], 0.0, guard)
     now, asking = 0.0, list(range(slots))
     running: list[tuple[float, int, int, _Claim]] = []
     ended: list[tuple[float, str]] = []
