@@ -33,7 +33,8 @@ NARROW = 100
 """Terminals narrower than this get candidates' short labels (:func:`spectune._tables.short_label`)."""
 
 TRIAL_PHASES = {"start": "starting engine", "warmup": "warming up", "measure": "measuring {total} requests",
-                "margins": "asking {total} answers again with log-probabilities (untimed)"}
+                "margins": "asking {total} answers again with log-probabilities (untimed)",
+                "step cost": "timing the engine's steps at {total} sizes (untimed)"}
 """What a trial's phases (:data:`spectune.trial.TrialHook`) are called on screen."""
 
 

@@ -24,6 +24,9 @@ _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 _GENERATED = "vllm:generation_tokens"
 _PREFILL_TIME = "vllm:request_prefill_time_seconds"
 _TPOT_TIME = "vllm:request_time_per_output_token_seconds"
+_STEP_TOKENS = "vllm:iteration_tokens_total"
+_PROMPT = "vllm:prompt_tokens"
+_CACHED = "vllm:prompt_tokens_cached"
 _CACHE_INFO = "vllm:cache_config_info"
 _KV_USAGE = "vllm:kv_cache_usage_perc"
 
@@ -45,6 +48,12 @@ class SpecCounters:
     """Sum of ``vllm:request_time_per_output_token_seconds``: each request's decode time over its
     output tokens but the first."""
     tpot_requests: float = 0.0
+    steps: float = 0.0
+    """Engine steps (the count of ``vllm:iteration_tokens_total``)."""
+    prompt_tokens: float = 0.0
+    """``vllm:prompt_tokens``: prompt tokens of the requests prefilled, cached ones included."""
+    cached_prompt_tokens: float = 0.0
+    """``vllm:prompt_tokens_cached``: prompt tokens read from the prefix cache."""
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
         n = max(len(self.accepted_per_pos), len(before.accepted_per_pos))
@@ -60,6 +69,9 @@ class SpecCounters:
             prefills=self.prefills - before.prefills,
             tpot_seconds=self.tpot_seconds - before.tpot_seconds,
             tpot_requests=self.tpot_requests - before.tpot_requests,
+            steps=self.steps - before.steps,
+            prompt_tokens=self.prompt_tokens - before.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens - before.cached_prompt_tokens,
         )
 
     def timing(self) -> EngineTiming | None:
@@ -119,13 +131,14 @@ class EngineTiming:
 
 
 _HISTOGRAMS = {f"{_PREFILL_TIME}_sum": "prefill_seconds", f"{_PREFILL_TIME}_count": "prefills",
-               f"{_TPOT_TIME}_sum": "tpot_seconds", f"{_TPOT_TIME}_count": "tpot_requests"}
+               f"{_TPOT_TIME}_sum": "tpot_seconds", f"{_TPOT_TIME}_count": "tpot_requests",
+               f"{_STEP_TOKENS}_count": "steps"}
 
 
 def parse_counters(text: str) -> SpecCounters:
     """Sum vLLM's speculative counters, and its timing histograms' sums and counts, out of
     Prometheus exposition text."""
-    totals = {_DRAFTS: 0.0, _DRAFT_TOKENS: 0.0, _ACCEPTED: 0.0, _GENERATED: 0.0}
+    totals = {_DRAFTS: 0.0, _DRAFT_TOKENS: 0.0, _ACCEPTED: 0.0, _GENERATED: 0.0, _PROMPT: 0.0, _CACHED: 0.0}
     timing = dict.fromkeys(_HISTOGRAMS.values(), 0.0)
     per_pos: dict[int, float] = {}
     for family in text_string_to_metric_families(text):
@@ -150,6 +163,8 @@ def parse_counters(text: str) -> SpecCounters:
         num_accepted_tokens=totals[_ACCEPTED],
         accepted_per_pos=positions,
         generation_tokens=totals[_GENERATED],
+        prompt_tokens=totals[_PROMPT],
+        cached_prompt_tokens=totals[_CACHED],
         **timing,
     )
 

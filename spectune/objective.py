@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from spectune._util import STOPS
 from spectune.answers import ANSWERS, AnswerRule, Fidelity, compare
-from spectune.errors import EngineError, EngineSlotError
+from spectune.errors import ConfigError, EngineError, EngineSlotError
 from spectune.measurement import relative_noise, spec_key, speedup
 from spectune.records import TrialRecord, handed_back, write_fields, write_study_fields
 from spectune.storage import StorageGuard
@@ -35,11 +35,34 @@ if TYPE_CHECKING:
 
     from spectune.config import EngineArgs, Prompt, SpecConfig
     from spectune.measurement import Measurement
+    from spectune.space import SearchSpace
     from spectune.trial import TrialHook
 
 __all__ = ["TrialFunction", "headline", "trial_id"]
 
 _logger = logging.getLogger(__name__)
+
+
+def step_tokens(space: SearchSpace) -> list[int]:
+    """The new tokens per request the baseline's step-cost curve is timed at: up to one more than
+    the most drafts a candidate of ``space`` makes (:func:`~spectune.stepcost.probe_tokens`); none
+    where no candidate speculates."""
+    from spectune.stepcost import probe_tokens
+
+    try:
+        candidates = space.enumerate_candidates(limit=STEP_COST_CANDIDATES)
+    except ConfigError:  # too many to list: the most drafts vLLM's proposers commonly make
+        return probe_tokens(SUFFIX_K)
+    ks = [spec.num_speculative_tokens or SUFFIX_K for spec, _ in candidates if not spec.is_baseline]
+    return probe_tokens(max(ks)) if ks else []
+
+
+SUFFIX_K = 24
+"""Drafts a candidate without ``num_speculative_tokens`` makes at most, for its step-cost points
+(suffix decoding's default tree depth)."""
+
+STEP_COST_CANDIDATES = 10_000
+"""A space of more candidates than this is not listed for its largest ``k``."""
 
 
 def headline(m: Measurement) -> TrialRecord:
@@ -54,6 +77,8 @@ def headline(m: Measurement) -> TrialRecord:
         startup_seconds=round(m.startup_seconds, 2), failed_requests=m.num_failed,
         peak_memory_bytes=m.peak_memory_bytes, memory_kind=m.memory_kind, kv_cache_tokens=m.kv_cache_tokens,
         bursty_delivery=m.bursty_delivery,
+        step_cost=[p.model_dump(exclude_none=True) for p in m.step_cost.points] if m.step_cost else None,
+        step_cost_seconds=round(m.step_cost.seconds, 2) if m.step_cost else None,
     )
 
 
@@ -89,6 +114,8 @@ class TrialFunction:
         self.config, self.study, self.storage, self.store = c.config, c.study, c.storage, c.store
         self.engine: EngineArgs = c.engine
         self.prompts: Sequence[Prompt] = c.prompts
+        self.step_tokens = step_tokens(c.space) if c.config.step_cost else []
+        """New tokens per request at which the baseline's engine times its steps (none: not asked)."""
 
     def __call__(self, trial: optuna.Trial, spec: SpecConfig, progress: tuple[int, int],
                  engine: EngineArgs | None = None) -> list[float]:
@@ -121,7 +148,8 @@ class TrialFunction:
                                  startup_timeout=cfg.startup_timeout, window_timeout=cfg.window_timeout,
                                  progress=phase_hook, repeats=cfg.repeats,
                                  answer_margins=cfg.answers is not AnswerRule.OFF,  # off: no answers to classify
-                                 **({"load_process": True} if self.load_process else {}))
+                                 **({"load_process": True} if self.load_process else {}),
+                                 **({"step_cost": self.step_tokens} if spec.is_baseline and self.step_tokens else {}))
             values = [o.of(m) for o in cfg.objectives]
         except EngineSlotError as e:  # the slot's fault, not the candidate's: handed back, uncounted
             reason = handed_back(e.cause, str(e))

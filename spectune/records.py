@@ -136,6 +136,9 @@ class TrialRecord(BaseModel):
     memory_kind: str | None = Field(default=None, description="gpu_weights (the engine's weights, target and draft), "
                                        "gpu_device (its devices' memory) or host_rss: what peak_memory_bytes measures.")
     kv_cache_tokens: int | None = None
+    step_cost: list[dict[str, float]] | None = Field(default=None, description="A baseline's step-cost curve: "
+                                                     "{batch, new_tokens, tokens, ms} per point (spectune.stepcost).")
+    step_cost_seconds: float | None = Field(default=None, description="Engine time its step-cost curve took.")
     bursty_delivery: bool | None = Field(default=None, description="Its tokens reached the client in bursts "
                                          "(Measurement.bursty_delivery): its client latencies are the delivery's.")
     level_values: dict[str, float] | None = Field(default=None, description="A load mix: the first objective at "

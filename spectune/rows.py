@@ -66,6 +66,10 @@ class TrialRow:
     """``gpu_weights``, ``gpu_device`` (``gpu`` in studies stored before) or ``host_rss``: what
     ``peak_memory_bytes`` measures."""
     kv_cache_tokens: int | None = None
+    step_cost: list[dict[str, float]] | None = None
+    """A baseline's step-cost curve: ``{batch, new_tokens, tokens, ms}`` per point (:mod:`spectune.stepcost`)."""
+    step_cost_seconds: float | None = None
+    """The engine time its curve took, after its measured windows."""
     bursty_delivery: bool = False
     """Its tokens reached the client in bursts (:attr:`spectune.measurement.Measurement.bursty_delivery`)."""
     fidelity: dict[str, Any] | None = None
@@ -153,6 +157,7 @@ def trial_row(t: optuna.trial.FrozenTrial, trial_id: int | None) -> TrialRow:
         placement=r.placement.label() if r.placement is not None else None,
         engine=r.engine, imported=r.imported, broken=tuple(k for k, v in (r.constraints or {}).items() if v > 0),
         peak_memory_bytes=r.peak_memory_bytes, memory_kind=r.memory_kind, kv_cache_tokens=r.kv_cache_tokens,
+        step_cost=r.step_cost, step_cost_seconds=r.step_cost_seconds,
         bursty_delivery=r.bursty_delivery is True, fidelity=r.fidelity,
     )
 

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import aiohttp
+
 from spectune._util import ProgressHook, every
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
 from spectune.counters import (
@@ -40,6 +42,7 @@ from spectune.measurement import (
     Measurement,
     PromptMargins,
     RequestSample,
+    StepCost,
     WindowStats,
 )
 from spectune.provenance import hardware, versions
@@ -50,8 +53,8 @@ _logger = logging.getLogger(__name__)
 
 TrialHook = ProgressHook
 """A trial's progress (:data:`~spectune._util.ProgressHook`): its phases are "start" (the engine
-starting, open-ended), "warmup", "measure" and, for a baseline at temperature 0, "margins"
-(requests, counted)."""
+starting, open-ended), "warmup", "measure", for a baseline at temperature 0 "margins"
+(requests, counted), and for a baseline asked to, "step cost" (the curve's points)."""
 
 
 def window_stats(result: LoadResult) -> WindowStats:
@@ -170,6 +173,7 @@ def measure(
     repeats: int = 1,
     answer_margins: bool = True,
     load_process: bool = False,
+    step_cost: Sequence[int] = (),
 ) -> Measurement:
     """Start an engine with ``spec``, measure ``prompts`` through it, stop it.
 
@@ -193,6 +197,10 @@ def measure(
     classifies differences with); ``answer_margins=False`` skips that pass. ``load_process``: the
     requests are sent from a process of their own (:class:`~spectune.load.LoadProcess`), as a
     worker measuring several engines at once asks.
+
+    A baseline given ``step_cost`` (new tokens per request, :func:`~spectune.stepcost.probe_tokens`)
+    times its engine's forwards last, at each load level (:attr:`Measurement.step_cost`); a probe
+    that fails leaves it None, with a warning, and the measurement stands.
 
     Raises ConfigError before any engine starts when a level's window is smaller than the level,
     or when the engine here cannot run ``spec``'s method (:func:`~spectune.engines.check_runnable`).
@@ -243,6 +251,8 @@ def measure(
             m.levels = sorted([headline, *levels], key=lambda lv: lv.key)
         if answer_margins and spec.is_baseline and workload.sampling.temperature == 0:
             m.answer_margins = run.margins([p for w in windows for p in w], m.duration_seconds)
+        if step_cost and spec.is_baseline:
+            m.step_cost = run.step_cost(step_cost, m)
         return m
 
 
@@ -320,6 +330,28 @@ class _Run:
                             "differences will be unclassified", first)
             return None
         return AnswerMargins(seconds=time.perf_counter() - t0, window_seconds=window_seconds, requests=answered)
+
+    def step_cost(self, new_tokens: Sequence[int], m: Measurement) -> StepCost | None:
+        """The engine's step-cost curve at the workload's load levels (:mod:`spectune.stepcost`),
+        after everything measured; None, with a warning, where the engine does not answer it."""
+        from spectune.stepcost import measure_step_cost, prefix_length
+
+        w = self.workload
+        if w.by_rate:  # a rate's load is what it kept in flight
+            batches = sorted({max(1, round(lv.mean_in_flight or 1.0)) for lv in m.levels} or
+                             {max(1, round(m.mean_in_flight or 1.0))})
+        else:
+            batches = sorted({w.concurrency, *(w.concurrency_levels or [])})
+        room = self.server.args.max_model_len - max(new_tokens) - 2 if self.server.args.max_model_len else None
+        prefix = prefix_length(m.input_tokens / max(m.num_requests, 1), w.sampling.max_tokens, room)
+        self.hook("step cost", 0, len(batches) * len(new_tokens))
+        try:
+            return measure_step_cost(self.server.base_url, self.model, self.server.api_key, batches=batches,
+                                     new_tokens=new_tokens, prefix=prefix, timeout=self.timeout or 120.0)
+        except (EngineError, aiohttp.ClientError, TimeoutError) as e:
+            _logger.warning("the baseline's engine did not time its steps (%s): candidates are priced without "
+                            "a step-cost curve", e)
+            return None
 
     def sweep(self, sweep: dict[float, list[Prompt]]) -> list[LevelStats]:
         """Each other level of a sweep (a concurrency, or a request rate), on prompts and counters

@@ -27,11 +27,41 @@ __all__ = [
     "Measurement",
     "PromptMargins",
     "RequestSample",
+    "StepCost",
+    "StepCostPoint",
     "Versions",
     "WindowStats",
     "candidate_key",
     "spec_key",
 ]
+
+
+class StepCostPoint(BaseModel):
+    """One point of the step-cost curve: ``batch`` requests at once, each a cached prefix and
+    ``new_tokens`` new tokens, one output token each; the engine's steps held ``tokens`` tokens on
+    average and a request's prefill took ``ms`` by the engine core's clock."""
+
+    batch: int
+    new_tokens: int
+    tokens: float = Field(description="New tokens per engine step: prompt tokens computed (not read from the "
+                          "prefix cache) over the steps (vllm:iteration_tokens_total's count); batch x new_tokens "
+                          "where the engine does not report them.")
+    ms: float = Field(description="Mean vllm:request_prefill_time_seconds of the point's requests, in ms.")
+    cached_tokens: float | None = Field(default=None, description="Prompt tokens per request read from the "
+                                        "prefix cache (vllm:prompt_tokens_cached); None where not reported.")
+
+
+class StepCost(BaseModel):
+    """The step-cost curve of an engine: what a verification step over ``B(k+1)`` new tokens on
+    cached contexts costs on this hardware (:mod:`spectune.stepcost`)."""
+
+    points: list[StepCostPoint]
+    prefix_tokens: int = Field(description="Cached context tokens of each request.")
+    seconds: float = Field(description="Engine time the probe took, after the measured windows.")
+
+    def at(self, batch: int) -> list[StepCostPoint]:
+        """The points at ``batch`` requests in flight, by tokens per step."""
+        return sorted((p for p in self.points if p.batch == batch), key=lambda p: p.tokens)
 
 
 class Versions(BaseModel):
@@ -261,6 +291,9 @@ class Measurement(BaseModel):
         "measurement stored before it was kept).")
     answer_margins: AnswerMargins | None = Field(
         default=None, description="A baseline at temperature 0: its answers' margins, asked after the windows.")
+    step_cost: StepCost | None = Field(
+        default=None, description="A baseline's: the time of one forward against the new tokens it holds, "
+        "timed on its engine after the windows (:mod:`spectune.stepcost`).")
 
     @property
     def bursty_delivery(self) -> bool | None:

@@ -91,6 +91,10 @@ class StudyConfig(StrictModel):
         description="Which of a configuration's answers, held against the baseline's at temperature 0, rule it "
         "out: rounding (default: a difference where the baseline's choice was a near-tie is allowed, a changed "
         "answer is not), identical (every answer token for token), off (no check).")
+    step_cost: bool = Field(
+        default=True,
+        description="The baseline's engine times its forwards over the new tokens a verification step holds, at "
+        "each load level, after its windows (a few seconds, untimed): the cost model prices candidates from it.")
     startup_timeout: float = Field(default=DEFAULT_STARTUP_TIMEOUT, gt=0,
                                    description="Seconds an engine may take to become healthy (loading, compiling).")
     window_timeout: float | None = Field(default=1800.0, gt=0)
