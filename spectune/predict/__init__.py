@@ -34,6 +34,7 @@ from spectune.predict._cost import (
     fit_cost_model,
     gauge_weight,
 )
+from spectune.predict._curve import CURVE_NOISE, StepCurve
 from spectune.predict._draft_replay import (
     DRAFT_REPLAY_SPREAD,
     HEAD_REPLAY_DEPTH,
@@ -42,10 +43,11 @@ from spectune.predict._draft_replay import (
     HeadChains,
     draft_guesses,
     head_chains,
-    warm_replays,
     replay_draft,
     replay_head,
+    warm_replays,
 )
+from spectune.predict._errors import FigureError, PredictionErrors
 from spectune.predict._gauge import (
     CostPoint,
     at_typical_speed,
@@ -64,7 +66,7 @@ from spectune.predict._guide import (
     prediction_sd,
     surprising,
 )
-from spectune.predict._errors import FigureError, PredictionErrors
+from spectune.predict._inputs import StudyInputs
 from spectune.predict._learned import LearnedAcceptance, TrainingTrial
 from spectune.predict._measured import (
     effective_k,
@@ -73,7 +75,6 @@ from spectune.predict._measured import (
     proposer_of,
 )
 from spectune.predict._prediction import Prediction
-from spectune.predict._inputs import StudyInputs
 from spectune.predict._rank import (
     PRIOR_ALPHA,
     measured_prediction,
@@ -102,6 +103,7 @@ __all__ = [
     "AcceptanceProfile",
     "BatchSchedule",
     "ConcurrencyModel",
+    "CURVE_NOISE",
     "CostModel",
     "CostPoint",
     "DraftGuesses",
@@ -114,6 +116,7 @@ __all__ = [
     "LevelPrediction",
     "Prediction",
     "ProposerCost",
+    "StepCurve",
     "ReplayAcceptance",
     "ReplayRequest",
     "StepTime",

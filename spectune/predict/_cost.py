@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING
 
 from spectune.config import Method, SpecConfig
 from spectune.errors import ConfigError
+from spectune.predict._curve import CURVE_NOISE, StepCurve
 from spectune.predict._gauge import (
     CostPoint,
     at_typical_speed,
@@ -173,7 +174,8 @@ class ProposerCost:
     ``overhead`` of a speculative step (proposing, rejection sampling; 0 until it can be fitted),
     how many configurations it rests on, where it comes from (``fit``: this proposer's trials;
     ``fit-method``: the method's trials with other models; ``fit-model-free``: the other model-free
-    methods' trials; ``prior``: :data:`COST_PRIORS`)."""
+    methods' trials; ``step-cost``: the baseline's step-cost curve, :attr:`curve`; ``prior``:
+    :data:`COST_PRIORS`)."""
 
     c: float
     low: float
@@ -183,6 +185,8 @@ class ProposerCost:
     overhead: float = 0.0
     overhead_high: float | None = None
     """The overhead at the interval's dear end (the prior's :data:`PRIOR_OVERHEAD_HIGH`); None: ``overhead``."""
+    curve: StepCurve | None = None
+    """Priced by the baseline's step-cost curve (source ``step-cost``): ``c`` is unused."""
 
     def tpot_ms(self, t0_ms: float, d: float, tokens_per_step: float) -> float:
         """``t0 (1 + overhead + c d) / E`` at this proposer's fitted cost."""
@@ -291,6 +295,8 @@ class CostModel:
     priors: Mapping[Method, float] = field(default_factory=lambda: dict(COST_PRIORS))
     gauge_weight: float = 1.0
     """The power of the engines' gauged speeds the fits used (:func:`gauge_weight`)."""
+    curve: StepCurve | None = None
+    """The baseline's step-cost curve at the study's load: it prices the model-free methods not yet measured."""
 
     def cost(self, spec: SpecConfig) -> ProposerCost:
         """``c`` of the candidate's proposer: its own fit, else its method's, else (a model-free
@@ -307,6 +313,8 @@ class CostModel:
             return dataclasses.replace(fitted, source="fit-method")
         if spec.method.drafts_from_text and self.model_free is not None:
             return dataclasses.replace(self.model_free, source="fit-model-free")
+        if spec.method.drafts_from_text and self.curve is not None:  # the target's forward over the drafts, measured
+            return ProposerCost(0.0, 0.0, 0.0, 0, "step-cost", curve=self.curve)
         # a method of the engine's that spectune has no prior for (dflash, dspark, ngram_gpu, an
         # *_mtp): priced as the kind of proposer it is, a text lookup or a model on hidden states
         kind = Method.NGRAM if spec.method.drafts_from_text else Method.EAGLE3
@@ -328,6 +336,11 @@ class CostModel:
         where it has one (the prior's)."""
         cost = self.cost(spec)
         d = drafted if drafted is not None else float(effective_k(spec) or 1)  # own-config k: assume 1
+        if cost.curve is not None:  # t0 r(d) / E, within CURVE_NOISE, never below a step of the target alone
+            step = self.t0_ms * cost.curve.ratio(d)
+            cheapest = max(step * (1.0 - CURVE_NOISE), self.t0_ms)
+            return Estimate(step / tokens_per_step.value, cheapest / tokens_per_step.high,
+                            step * (1.0 + CURVE_NOISE) / tokens_per_step.low)
         o = cost.overhead
         floor = -max(o, 0.0) / d if d > 0 else 0.0
         return Estimate(
@@ -348,12 +361,14 @@ def fit_cost_model(
     *,
     priors: Mapping[Method, float] = COST_PRIORS,
     engine_spread: float | None = None,
+    curve: StepCurve | None = None,
 ) -> CostModel:
     """Fit ``c`` per proposer and per method on measured trials (``points``) of one study, each
     brought to its proposer's typical engine as far as the study's trials show the gauge tells
     (:func:`gauge_weight`). ``engine_spread``: how much the study's engine starts of one
     configuration differ (:func:`spectune.results.engine_spread`), None before it measured any
     twice (then :data:`PRIOR_ENGINE_SPREAD`); it widens fits that rest on one engine start.
+    ``curve``: the baseline's step-cost curve at the study's load (:class:`StepCurve`).
 
     Raises:
         ValueError: ``t0 <= 0`` or ``baseline_throughput <= 0``.
@@ -361,7 +376,7 @@ def fit_cost_model(
     if t0_ms <= 0 or baseline_throughput <= 0:
         raise ValueError(f"the baseline needs TPOT > 0 and throughput > 0, got {t0_ms}, {baseline_throughput}")
     pts = [p for p in points if p.k >= 1 and p.tokens_per_step > 0 and p.tpot_ms > 0]
-    model = CostModel(t0_ms, baseline_throughput, priors=dict(priors))
+    model = CostModel(t0_ms, baseline_throughput, priors=dict(priors), curve=curve)
     by_proposer: dict[tuple[Method, str | None], list[CostPoint]] = {}
     by_method: dict[Method, list[CostPoint]] = {}
     speeds = gauged_speeds(pts)  # once: a model drafter's typical gauge is a Theil-Sen fit

@@ -17,8 +17,8 @@ class Prediction:
     """What one unmeasured candidate is predicted to do, with intervals and their sources.
 
     ``value`` is the study's first objective; ``source`` says where acceptance comes from
-    (replay, truncation, extrapolation, prior) and ``cost_source`` where ``c`` does (fit,
-    fit-method, fit-model-free, prior).
+    (replay, truncation, extrapolation, prior) and ``cost_source`` where a step's cost does (fit,
+    fit-method, fit-model-free, step-cost: the baseline's step-cost curve, prior).
     """
 
     label: str

@@ -31,6 +31,7 @@ from spectune.config import Method, SpecConfig
 from spectune.errors import ConfigError
 from spectune.predict._acceptance import AcceptanceProfile, conditional_acceptance
 from spectune.predict._cost import Estimate, fit_cost_model
+from spectune.predict._curve import StepCurve
 from spectune.predict._draft_replay import HEAD_REPLAY_DEPTH, DraftReplays, replay_draft, replay_head
 from spectune.predict._gauge import CostPoint
 from spectune.predict._learned import LearnedAcceptance
@@ -261,12 +262,14 @@ def predict_candidates(
         raise ConfigError("the baseline measurement has no TPOT or throughput to predict from")
     # TPOT from a cost model fitted on TPOT; throughput (and a throughput objective) from one
     # fitted on throughput, which also carries what speculation does to the prefill's share
+    curve = StepCurve.of(baseline.step_cost, (baseline.mean_in_flight or 1.0) if baseline.workload.by_rate
+                         else baseline.workload.concurrency)
     cost = fit_cost_model(t0, baseline.output_throughput,
                           [p for m in measured if (p := CostPoint.from_measurement(m)) is not None],
-                          engine_spread=engine_spread)
+                          engine_spread=engine_spread, curve=curve)
     cost_thr = fit_cost_model(t0, baseline.output_throughput, [
         p for m in measured if (p := CostPoint.from_measurement(m, throughput_of=baseline)) is not None],
-        engine_spread=engine_spread)
+        engine_spread=engine_spread, curve=curve)
     base_value, scale = _objective_scaler(objective, baseline)
     replays: dict[str, ReplayAcceptance | None] = {}
     drafts = drafts if drafts is not None else DraftReplays()
