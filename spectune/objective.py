@@ -47,19 +47,20 @@ def step_tokens(space: SearchSpace) -> list[int]:
     """The new tokens per request the baseline's step-cost curve is timed at: up to one more than
     the most drafts a candidate of ``space`` makes (:func:`~spectune.stepcost.probe_tokens`); none
     where no candidate speculates."""
+    from spectune.predict import effective_k
     from spectune.stepcost import probe_tokens
 
     try:
         candidates = space.enumerate_candidates(limit=STEP_COST_CANDIDATES)
-    except ConfigError:  # too many to list: the most drafts vLLM's proposers commonly make
-        return probe_tokens(SUFFIX_K)
-    ks = [spec.num_speculative_tokens or SUFFIX_K for spec, _ in candidates if not spec.is_baseline]
+    except ConfigError:  # too many to list
+        return probe_tokens(UNLISTED_K)
+    ks = [effective_k(spec) or UNLISTED_K for spec, _ in candidates if not spec.is_baseline]
     return probe_tokens(max(ks)) if ks else []
 
 
-SUFFIX_K = 24
-"""Drafts a candidate without ``num_speculative_tokens`` makes at most, for its step-cost points
-(suffix decoding's default tree depth)."""
+UNLISTED_K = 8
+"""Drafts per step assumed for the step-cost points where the space cannot be listed, or a proposer's
+own configuration decides (MTP, Medusa)."""
 
 STEP_COST_CANDIDATES = 10_000
 """A space of more candidates than this is not listed for its largest ``k``."""
