@@ -44,11 +44,14 @@ def study_tolerance(tolerance: float | None, spread: float | None) -> float:
     return max(DEFAULT_MARGIN, spread or 0.0)
 
 
-def stop_reason(skipped: int, chance: float, tolerance: float, pick: str | None, number: int | None) -> str:
-    """Why guided search stopped, in one line (the log, ``show`` and the report say it)."""
+def stop_reason(skipped: int, chance: float, tolerance: float, pick: str | None, number: int | None,
+                losing: int = 0) -> str:
+    """Why guided search stopped, in one line (the log, ``show`` and the report say it); ``losing``
+    of the ``skipped`` are predicted to lose to the baseline itself at this load."""
     where = f"{pick} (trial {number})" if pick is not None else "the pick"
+    lose = f", {losing} of them predicted to lose to the baseline at this load" if losing else ""
     return (f"no candidate left has more than a {STOP_CHANCE:.0%} chance of beating {where} by more than "
-            f"{tolerance:.1%} (the highest: {chance:.1%}; {skipped} unmeasured)")
+            f"{tolerance:.1%} (the highest: {chance:.1%}; {skipped} unmeasured{lose})")
 
 
 @dataclass(frozen=True)

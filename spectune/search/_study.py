@@ -103,6 +103,7 @@ class StudyStrategy(Rechecks, SearchStrategy):
         self.on_guide_stop = on_guide_stop
         self.drafts = DraftReplays()  # the drafts' offline runs, kept while this search lives
         self._stop_reported = False
+        self._losing_reported: set[str] = set()
         self._budget_reported = False
         if sampler == "guided" and not self.guided:
             _logger.info("guided search needs one objective and a space that can be listed; using %s",
@@ -335,6 +336,7 @@ class StudyStrategy(Rechecks, SearchStrategy):
                          stop_chance=STOP_CHANCE, running=running)
         unmeasured = max(plan.chances.values(), default=0.0)
         guide = self._guide_record(study, standing, inputs, plan, running, outside, unmeasured)
+        guide["losing"] = self._losing(view, plan.skipped, maximize)
         if plan.pick is None:
             return self._before_stopping(study, view, trials, standing, plan, guide, busy=bool(busy),
                                          unmeasured=unmeasured)
@@ -345,6 +347,22 @@ class StudyStrategy(Rechecks, SearchStrategy):
             predicted_high=p.value.high, predicted_acceptance_length=p.mean_acceptance_length,
             prediction_source=p.source, guide_reason=plan.reason, guide_step=step,
         ), why=f"guided search: the most {plan.reason}")
+
+    def _losing(self, view: StudyView, skipped: Sequence[Prediction], maximize: bool) -> list[str]:
+        """The skipped candidates whose optimistic end does not reach the baseline's value: predicted
+        to lose to it at this load, not measured. Said once each, in one line per decision that adds some."""
+        base = view.baseline()
+        if base is None or not base.values:
+            return []
+        value = base.values[0]
+        losing = [p for p in skipped if (p.value.high < value if maximize else p.value.low > value)]
+        new = [p for p in losing if p.label not in self._losing_reported]
+        if new:
+            self._losing_reported.update(p.label for p in new)
+            sources = sorted({p.cost_source for p in new})
+            _logger.info("not measured, predicted to lose to the baseline at this load (cost from %s): %s",
+                         ", ".join(sources), ", ".join(p.label for p in new))
+        return [p.label for p in losing]
 
     def _guide_record(self, study: optuna.Study, standing: Standing, inputs: Any, plan: Any, running: list[Prediction],
                       outside: list[Prediction], unmeasured: float) -> dict[str, Any]:
@@ -381,7 +399,8 @@ class StudyStrategy(Rechecks, SearchStrategy):
         if decision is None:
             guide["stop_reason"] = stop_reason(len(plan.skipped), guide["chance"], standing.tolerance,
                                                top.row.label if top is not None else None,
-                                               top.row.number if top is not None else None)
+                                               top.row.number if top is not None else None,
+                                               losing=len(guide.get("losing") or []))
         write_study_fields(study, guide=guide)
         if decision is None and not self._stop_reported:
             _logger.info("guided search stops: %s", guide["stop_reason"])
