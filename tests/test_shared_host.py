@@ -26,8 +26,7 @@ from conftest import FAKE_ENGINE, study_config
 
 from spectune._util import validate
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
-from spectune.engines import Platform, VLLMServer, build_command
-from spectune.engines import _vllm as vllm_server
+from spectune.engines import Platform, VLLMServer, _address, build_command
 from spectune.errors import ConfigError
 from spectune.load import run_load
 
@@ -115,7 +114,7 @@ def test_engines_in_spectune_s_own_environment_want_the_key_on_every_route_but_h
 
 def test_a_host_beyond_loopback_is_said_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(vllm_server, "_warned_hosts", set())
+    monkeypatch.setattr(_address, "_warned_hosts", set())
     with caplog.at_level(logging.WARNING, logger="spectune.engines"):
         _server(tmp_path)
         _server(tmp_path, host="localhost")

@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -21,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from spectune._util import is_loopback
 from spectune.config import API_KEY_ENV, EngineArgs, SpecConfig
+from spectune.engines._address import PORT_RETRIES, free_port, warn_if_exposed
 from spectune.engines._base import EngineServer
 from spectune.engines._faults import MEMORY_BUSY, slot_fault, summarize_failure
 from spectune.engines._gpu_memory import device_memory_used, weights_from_log
@@ -46,19 +45,6 @@ that a clean exit would save."""
 DEFAULT_STARTUP_TIMEOUT = 1800.0
 """Seconds an engine may take to become healthy: loading a 70B checkpoint from network storage,
 then compiling and capturing CUDA graphs, takes many minutes."""
-
-
-PORT_RETRIES = 2
-"""Times an engine is started again on a new port when the one found free was taken before the
-engine bound it (another process, or another engine started at the same moment)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (an IPv4 or IPv6 address, or a name)."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-    with socket.socket(family, kind, proto) as s:
-        s.bind(address)
-        return int(s.getsockname()[1])
 
 
 def resolve_engine_args(args: EngineArgs, platform: Platform | None = None) -> EngineArgs:
@@ -108,17 +94,6 @@ def build_command(
     if platform.own_python:  # the routes vLLM's key check leaves open want the key too
         cmd += ["--middleware", GUARD]
     return cmd
-
-
-_warned_hosts: set[str] = set()
-
-
-def _warn_if_exposed(host: str) -> None:
-    """Say once per address that an engine listens beyond this machine (``host`` set by the user)."""
-    if not is_loopback(host) and host not in _warned_hosts:
-        _warned_hosts.add(host)
-        _logger.warning("engines listen on %s (the engine's host), reachable from other machines: their /metrics "
-                        "and /health are open there; their API takes only each engine's own key", host)
 
 
 def _load_prctl() -> Any:  # noqa: ANN401 - a ctypes function
@@ -190,7 +165,7 @@ class VLLMServer(EngineServer):
         self.memory_waits = memory_waits
         """Seconds to wait before each new start while the devices' memory is not yet free
         (:data:`MEMORY_BUSY`); the last refusal is the slot's fault (:class:`EngineSlotError`)."""
-        _warn_if_exposed(self.args.host)
+        warn_if_exposed(self.args.host)
         self._own_port = port is None
         self.port = port if port is not None else free_port(self.args.host)
         self.command = build_command(self.args, spec, self.port, self.platform)
