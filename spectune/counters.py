@@ -8,14 +8,16 @@ window and take the difference (:meth:`SpecCounters.__sub__`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from spectune._util import every
 from spectune.errors import EngineError
 
-__all__ = ["Acceptance", "EngineTiming", "KVCache", "SpecCounters", "fetch_counters", "fetch_metrics", "parse_counters", "parse_kv_cache"]
+__all__ = ["Acceptance", "EngineTiming", "KVCache", "KVWatch", "SpecCounters", "fetch_counters", "fetch_metrics", "parse_counters", "parse_kv_cache"]
 
 _DRAFTS = "vllm:spec_decode_num_drafts"
 _DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -218,3 +220,28 @@ def fetch_counters(base_url: str, timeout: float = 10.0) -> SpecCounters:
     """GET ``/metrics`` and parse its speculative counters. Raises EngineError when the server
     does not answer."""
     return parse_counters(fetch_metrics(base_url, timeout))
+
+
+class KVWatch:
+    """The engine's KV cache while requests run: its size, and the fullest it was seen (its usage
+    gauge, read every ``interval`` seconds beside the load; an engine without the gauges leaves
+    both None)."""
+
+    def __init__(self, base_url: str, interval: float = 0.5) -> None:
+        self.base_url = base_url
+        self.interval = interval
+        self.tokens: int | None = None
+        self.peak: float | None = None
+
+    def _read(self) -> None:
+        try:
+            kv = parse_kv_cache(fetch_metrics(self.base_url, timeout=5.0))
+        except EngineError:  # a busy or dying engine: the load's own errors say what happened
+            return
+        self.tokens = kv.tokens if kv.tokens is not None else self.tokens
+        if kv.usage is not None:
+            self.peak = max(self.peak or 0.0, kv.usage)
+
+    def watching(self) -> contextlib.AbstractContextManager[None]:
+        """Read the gauges now and every :attr:`interval` seconds while the block runs."""
+        return every(self.interval, self._read, "spectune-kv-cache")

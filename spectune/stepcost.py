@@ -21,14 +21,18 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from spectune.counters import fetch_counters
 from spectune.errors import EngineError
-from spectune.measurement import StepCost, StepCostPoint
+from spectune.measurement import Measurement, StepCost, StepCostPoint
 
-__all__ = ["PROBE_ROUNDS", "measure_step_cost", "prefix_length", "probe_tokens"]
+if TYPE_CHECKING:
+    from spectune.config import WorkloadSpec
+
+__all__ = ["PROBE_ROUNDS", "measure_step_cost", "prefix_length", "probe_plan", "probe_tokens"]
 
 PROBE_ROUNDS = 3
 """Batches sent at each point of the curve: their prefills are averaged."""
@@ -61,6 +65,20 @@ def prefix_length(prompt_tokens: float | None, max_tokens: int, room: int | None
     if room is not None:
         length = min(length, max(room // _PREFIX_BLOCK * _PREFIX_BLOCK, 0) or room)
     return max(int(length), 1)
+
+
+def probe_plan(workload: WorkloadSpec, m: Measurement, new_tokens: Sequence[int],
+               max_model_len: int | None) -> tuple[list[int], int]:
+    """The loads (requests at once) and the cached prefix of a curve for the baseline measured as
+    ``m``: each concurrency level of the workload, or for request rates what each kept in flight;
+    the prefix from its prompts and outputs (:func:`prefix_length`)."""
+    if workload.by_rate:
+        batches = sorted({max(1, round(lv.mean_in_flight or 1.0)) for lv in m.levels}
+                         or {max(1, round(m.mean_in_flight or 1.0))})
+    else:
+        batches = sorted({workload.concurrency, *(workload.concurrency_levels or [])})
+    room = max_model_len - max(new_tokens) - 2 if max_model_len else None
+    return batches, prefix_length(m.input_tokens / max(m.num_requests, 1), workload.sampling.max_tokens, room)
 
 
 def measure_step_cost(base_url: str, model: str, api_key: str | None, *, batches: Sequence[int],

@@ -17,14 +17,9 @@ from pathlib import Path
 
 import aiohttp
 
-from spectune._util import ProgressHook, every
+from spectune._util import ProgressHook
 from spectune.config import EngineArgs, Prompt, SpecConfig, WorkloadSpec
-from spectune.counters import (
-    SpecCounters,
-    fetch_counters,
-    fetch_metrics,
-    parse_kv_cache,
-)
+from spectune.counters import KVWatch, SpecCounters, fetch_counters
 from spectune.engines import DEFAULT_STARTUP_TIMEOUT, VLLMServer, check_runnable
 from spectune.errors import (
     ConfigError,
@@ -270,7 +265,7 @@ class _Run:
         self.timeout = timeout
         self.total = total
         self.done = 0
-        self.kv = _KVWatch(server.base_url)
+        self.kv = KVWatch(server.base_url)
 
     def _load(self, prompts: Sequence[Prompt], workload: WorkloadSpec | None = None) -> LoadResult:
         done = self.done
@@ -334,16 +329,9 @@ class _Run:
     def step_cost(self, new_tokens: Sequence[int], m: Measurement) -> StepCost | None:
         """The engine's step-cost curve at the workload's load levels (:mod:`spectune.stepcost`),
         after everything measured; None, with a warning, where the engine does not answer it."""
-        from spectune.stepcost import measure_step_cost, prefix_length
+        from spectune.stepcost import measure_step_cost, probe_plan
 
-        w = self.workload
-        if w.by_rate:  # a rate's load is what it kept in flight
-            batches = sorted({max(1, round(lv.mean_in_flight or 1.0)) for lv in m.levels} or
-                             {max(1, round(m.mean_in_flight or 1.0))})
-        else:
-            batches = sorted({w.concurrency, *(w.concurrency_levels or [])})
-        room = self.server.args.max_model_len - max(new_tokens) - 2 if self.server.args.max_model_len else None
-        prefix = prefix_length(m.input_tokens / max(m.num_requests, 1), w.sampling.max_tokens, room)
+        batches, prefix = probe_plan(self.workload, m, new_tokens, self.server.args.max_model_len)
         self.hook("step cost", 0, len(batches) * len(new_tokens))
         try:
             return measure_step_cost(self.server.base_url, self.model, self.server.api_key, batches=batches,
@@ -367,31 +355,6 @@ class _Run:
                                       EngineTimingStats(**vars(timing)) if timing else None,
                                       request_rate=workload.request_rate if workload.by_rate else None))
         return levels
-
-
-class _KVWatch:
-    """The engine's KV cache while requests run: its size, and the fullest it was seen (its usage
-    gauge, read every ``interval`` seconds beside the load; an engine without the gauges leaves
-    both None)."""
-
-    def __init__(self, base_url: str, interval: float = 0.5) -> None:
-        self.base_url = base_url
-        self.interval = interval
-        self.tokens: int | None = None
-        self.peak: float | None = None
-
-    def _read(self) -> None:
-        try:
-            kv = parse_kv_cache(fetch_metrics(self.base_url, timeout=5.0))
-        except EngineError:  # a busy or dying engine: the load's own errors say what happened
-            return
-        self.tokens = kv.tokens if kv.tokens is not None else self.tokens
-        if kv.usage is not None:
-            self.peak = max(self.peak or 0.0, kv.usage)
-
-    def watching(self) -> contextlib.AbstractContextManager[None]:
-        """Read the gauges now and every :attr:`interval` seconds while the block runs."""
-        return every(self.interval, self._read, "spectune-kv-cache")
 
 
 def _still_running(server: VLLMServer, grace: float = 5.0) -> bool:
