@@ -6,6 +6,7 @@ CUDA build of vLLM does, message for message (no engine here has GPUs to fail)."
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import subprocess
@@ -106,7 +107,8 @@ def test_a_gpu_that_fails_twice_leaves_the_study_and_its_trials_are_measured_on_
     assert retried[back[-1].number].state == "COMPLETE" and retried[back[0].number].number == back[-1].number
     out = [r.getMessage() for r in caplog.records if "taken out of the study" in r.getMessage()]
     assert len(out) == 1 and out[0].startswith("GPU 1 is taken out of the study: 2 engines in a row failed")
-    assert len(list(engines.glob("*.json"))) == 6  # no third start on GPU 1
+    starts = Counter(json.loads(p.read_text())["env"].get("CUDA_VISIBLE_DEVICES") for p in engines.glob("*.json"))
+    assert starts["1"] == 2 and starts["0"] >= 4, starts  # no third start on GPU 1 (GPU 0's may rebind a port)
 
 
 def test_a_candidate_that_does_not_fit_is_its_own_result_and_the_study_goes_on(
