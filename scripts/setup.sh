@@ -26,10 +26,11 @@ else
   "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
-# What the packages installed below without their dependencies import (speculators 0.9 pins
-# datasets <= 5.1). Installed first: an install that resolves dependencies after them would list
+# What the packages installed below without their dependencies import, in the ranges speculators
+# 0.9 pins (datasets <= 5.1, loguru 0.7.2-0.7.3: a newer loguru makes pip's resolver complain on
+# every later run). Installed first: an install that resolves dependencies after them would list
 # their unmet requirements (torchvision, ray...) as resolver errors.
-"${PIP[@]}" 'datasets>=4,<=5.1.0' loguru pydantic-settings
+"${PIP[@]}" 'datasets>=4,<=5.1.0' 'loguru>=0.7.2,<=0.7.3' pydantic-settings
 
 # Suffix decoding (vLLM method "suffix") needs arctic-inference; PyPI has only its sdist.
 if [ "${SPECTUNE_NO_SUFFIX:-0}" != 1 ] && ! "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
