@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -33,7 +33,7 @@ from spectune.study import StudyContext, StudyEvent, StudyHook, features_with_ou
 if TYPE_CHECKING:
     import optuna
 
-    from spectune.config import EngineArgs, Prompt, SpecConfig
+    from spectune.config import EngineArgs, SpecConfig
     from spectune.measurement import Measurement
     from spectune.space import SearchSpace
     from spectune.trial import TrialHook
@@ -111,11 +111,7 @@ class TrialFunction:
         self.counts = {"measured": 0, "failed": 0, "reused": 0}
         if self.guard is None:
             self.guard = self.ctx.guard()
-        c = self.ctx
-        self.config, self.study, self.storage, self.store = c.config, c.study, c.storage, c.store
-        self.engine: EngineArgs = c.engine
-        self.prompts: Sequence[Prompt] = c.prompts
-        self.step_tokens = step_tokens(c.space) if c.config.step_cost else []
+        self.step_tokens = step_tokens(self.ctx.space) if self.ctx.config.step_cost else []
         """New tokens per request at which the baseline's engine times its steps (none: not asked)."""
 
     def __call__(self, trial: optuna.Trial, spec: SpecConfig, progress: tuple[int, int],
@@ -141,11 +137,12 @@ class TrialFunction:
         key = rec.spec_key or spec_key(spec.to_vllm())
         # the storage answers before an engine starts (a stop may land while it does not)
         tid = self.guard.call(f"starting trial {trial.number}",
-                              lambda: trial_id(self.storage, self.study.study_name, trial.number), stoppable=True)
-        cfg = self.config
+                              lambda: trial_id(self.ctx.storage, self.ctx.study.study_name, trial.number),
+                              stoppable=True)
+        cfg = self.ctx.config
         try:
             with STOPS.waiting():  # a polite stop lands here, never while the result is recorded
-                m = self.measure(engine or self.engine, spec, cfg.workload, self.prompts, log_dir=cfg.log_dir,
+                m = self.measure(engine or self.ctx.engine, spec, cfg.workload, self.ctx.prompts, log_dir=cfg.log_dir,
                                  startup_timeout=cfg.startup_timeout, window_timeout=cfg.window_timeout,
                                  progress=phase_hook, repeats=cfg.repeats,
                                  answer_margins=cfg.answers is not AnswerRule.OFF,  # off: no answers to classify
@@ -163,8 +160,8 @@ class TrialFunction:
 
             def record_failure() -> None:
                 write_fields(trial, fail_reason=error)
-                self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
-                                  spec_key=key, error=error)
+                self.ctx.store.record(study_name=self.ctx.study.study_name, trial_id=tid, trial_number=trial.number,
+                                      spec_key=key, error=error)
 
             self.guard.call(f"recording trial {trial.number}'s failure", record_failure)
             self._end(number, of, name, "FAIL", None, str(e), trial=trial.number)
@@ -180,16 +177,16 @@ class TrialFunction:
                 values: list[float]) -> None:
         """Write the measurement: the trial's attributes and constraints, spectune's row. Each
         write replaces, so that a second run after a failed one leaves what one run would."""
-        primary = self.config.objectives[0]
+        primary = self.ctx.config.objectives[0]
         first_baseline = spec.is_baseline and rec.confirms is None
         base_trial = None if first_baseline else self._baseline_trial()
         base = values[0] if first_baseline else base_trial.values[0] if base_trial is not None else None
-        constraints = self.config.slo.violations(m)
+        constraints = self.ctx.config.slo.violations(m)
         fidelity = self._fidelity(base_trial, m)
-        if fidelity is not None and not spec.is_baseline and self.config.answers is not AnswerRule.OFF:
-            constraints[ANSWERS] = float(fidelity.broken(self.config.answers))
-            if (line := fidelity.refusal(rec.config or spec.label(), self.config.answers)) is not None:
-                _logger.warning("%s: ruled out (--answers %s)", line, self.config.answers.value)
+        if fidelity is not None and not spec.is_baseline and self.ctx.config.answers is not AnswerRule.OFF:
+            constraints[ANSWERS] = float(fidelity.broken(self.ctx.config.answers))
+            if (line := fidelity.refusal(rec.config or spec.label(), self.ctx.config.answers)) is not None:
+                _logger.warning("%s: ruled out (--answers %s)", line, self.ctx.config.answers.value)
         for slo_name, value in constraints.items():
             trial.set_constraint(slo_name, value)
         levels = primary.of_levels(m)
@@ -200,10 +197,11 @@ class TrialFunction:
             "fidelity": fidelity.model_dump(mode="json") if fidelity is not None else None,
             "feasible": all(c <= 0 for c in constraints.values()),
         }).write(trial)
-        self.store.record(study_name=self.study.study_name, trial_id=tid, trial_number=trial.number,
-                          spec_key=rec.spec_key or spec_key(spec.to_vllm()), measurement=m)
+        self.ctx.store.record(study_name=self.ctx.study.study_name, trial_id=tid, trial_number=trial.number,
+                              spec_key=rec.spec_key or spec_key(spec.to_vllm()), measurement=m)
         if spec.is_baseline and rec.confirms is None:  # the target's own outputs: repetition features
-            write_study_fields(self.study, workload_features=features_with_outputs(self.prompts, m).model_dump(mode="json"))
+            features = features_with_outputs(self.ctx.prompts, m)
+            write_study_fields(self.ctx.study, workload_features=features.model_dump(mode="json"))
 
     def _reuse(self, trial: optuna.Trial, name: str, dup: int, progress: tuple[int, int]) -> list[float]:
         """A candidate the sampler chose again: answered from trial ``dup`` (waited for while it
@@ -230,7 +228,7 @@ class TrialFunction:
     def _wait_finished(self, number: int, poll: float = 2.0) -> optuna.trial.FrozenTrial:
         while True:
             t = self.guard.call(f"waiting for trial {number}",
-                                lambda: self.study.get_trials(deepcopy=False)[number], stoppable=True)
+                                lambda: self.ctx.study.get_trials(deepcopy=False)[number], stoppable=True)
             if t.state.is_finished():
                 return t
             with STOPS.waiting():
@@ -238,7 +236,7 @@ class TrialFunction:
 
     def _baseline_trial(self) -> optuna.trial.FrozenTrial | None:
         """The study's first completed baseline trial (not a re-measurement)."""
-        for t in self.study.get_trials(deepcopy=False):
+        for t in self.ctx.study.get_trials(deepcopy=False):
             rec = TrialRecord.of(t)
             if t.state.name == "COMPLETE" and rec.spec in (None, {"method": "none"}) and rec.confirms is None \
                     and rec.duplicate_of is None:
@@ -249,9 +247,10 @@ class TrialFunction:
         """``m``'s answers against the baseline's (None: no check, no baseline measured yet, or
         nothing to compare: :func:`spectune.answers.compare`). A trial that finished before the
         baseline is compared where the study is read (:class:`spectune.results.StudyView`)."""
-        if self.config.answers is AnswerRule.OFF or base_trial is None or self.config.workload.sampling.temperature > 0:
+        cfg = self.ctx.config
+        if cfg.answers is AnswerRule.OFF or base_trial is None or cfg.workload.sampling.temperature > 0:
             return None
-        base_m = self.store.measurement(trial_id(self.storage, self.study.study_name, base_trial.number))
+        base_m = self.ctx.store.measurement(trial_id(self.ctx.storage, self.ctx.study.study_name, base_trial.number))
         return compare(base_m, m) if base_m is not None else None
 
     def _end(self, number: int, of: int, name: str, state: str, values: list[float] | None,
@@ -268,7 +267,7 @@ class TrialFunction:
         from spectune.measurement import speedup
         from spectune.results import StudyView
 
-        view = StudyView(self.study, self.store, self.store.url)
+        view = StudyView(self.ctx.study, self.ctx.store, self.ctx.store.url)
         on_front: list[int] = []
         if finishing is not None:
             number, values = finishing
@@ -277,7 +276,7 @@ class TrialFunction:
         base, candidates, _ = view.contenders(on_front=on_front)
         best: tuple[str | None, float | None] = (None, None)
         for c in candidates if base is not None else ():
-            s = speedup(self.config.objectives[0].maximize, c.value, base.value)
+            s = speedup(self.ctx.config.objectives[0].maximize, c.value, base.value)
             if best[1] is None or s > best[1]:
                 best = (c.row.label, s)
         return best
