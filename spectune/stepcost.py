@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from spectune.counters import fetch_counters
+from spectune.counters import SpecCounters, fetch_counters
 from spectune.errors import EngineError
 from spectune.measurement import Measurement, StepCost, StepCostPoint
 
@@ -89,54 +89,67 @@ def measure_step_cost(base_url: str, model: str, api_key: str | None, *, batches
     Raises:
         EngineError: a probe request failed, or the engine reports no prefill timing.
     """
+    return asyncio.run(_probe(base_url, model, api_key, batches, new_tokens, prefix, timeout, seed))
+
+
+async def _probe(base_url: str, model: str, api_key: str | None, batches: Sequence[int], new_tokens: Sequence[int],
+                 prefix: int, timeout: float, seed: int) -> StepCost:
+    """:func:`measure_step_cost` over one HTTP session (the counters are read between the batches,
+    while no request runs)."""
     rng = random.Random(seed)
     t0 = time.monotonic()
-    pool = asyncio.run(_tokenize(base_url, model, api_key, _TEXT, timeout))
-    head = [pool[i % len(pool)] for i in range(prefix)]
-    asyncio.run(_send(base_url, model, api_key, [head], timeout))  # the prefix, into the cache
-    points = []
-    for b in batches:
-        for n in new_tokens:
-            before = fetch_counters(base_url)
-            for _ in range(PROBE_ROUNDS):
-                batch = [head + rng.choices(pool, k=n) for _ in range(b)]  # new tokens: not in the cache
-                asyncio.run(_send(base_url, model, api_key, batch, timeout))
-            c = fetch_counters(base_url) - before
-            if c.prefills <= 0:
-                raise EngineError("the engine reports no prefill timing (vllm:request_prefill_time_seconds): "
-                                  "no step-cost curve")
-            points.append(StepCostPoint(
-                batch=b, new_tokens=n,
-                tokens=(c.prompt_tokens - c.cached_prompt_tokens) / c.steps if c.steps > 0 else float(b * n),
-                ms=1000.0 * c.prefill_seconds / c.prefills,
-                cached_tokens=c.cached_prompt_tokens / c.prefills if c.cached_prompt_tokens > 0 else None))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as session:
+        pool = await _tokenize(session, base_url, model, _TEXT)
+        head = [pool[i % len(pool)] for i in range(prefix)]
+        await _send(session, base_url, model, [head])  # the prefix, into the cache
+        points = []
+        for b in batches:
+            for n in new_tokens:
+                before = fetch_counters(base_url)
+                for _ in range(PROBE_ROUNDS):  # new tokens: not in the cache
+                    await _send(session, base_url, model, [head + rng.choices(pool, k=n) for _ in range(b)])
+                points.append(_point(b, n, fetch_counters(base_url) - before))
     return StepCost(points=points, prefix_tokens=prefix, seconds=time.monotonic() - t0)
 
 
-async def _tokenize(base_url: str, model: str, api_key: str | None, text: str, timeout: float) -> list[int]:
+def _point(batch: int, n: int, c: SpecCounters) -> StepCostPoint:
+    """The point the counters ``c`` of its batches give.
+
+    Raises:
+        EngineError: the engine reports no prefill timing.
+    """
+    if c.prefills <= 0:
+        raise EngineError("the engine reports no prefill timing (vllm:request_prefill_time_seconds): "
+                          "no step-cost curve")
+    return StepCostPoint(
+        batch=batch, new_tokens=n,
+        tokens=(c.prompt_tokens - c.cached_prompt_tokens) / c.steps if c.steps > 0 else float(batch * n),
+        ms=1000.0 * c.prefill_seconds / c.prefills,
+        cached_tokens=c.cached_prompt_tokens / c.prefills if c.cached_prompt_tokens > 0 else None)
+
+
+async def _tokenize(session: aiohttp.ClientSession, base_url: str, model: str, text: str) -> list[int]:
     """The ids of ``text`` by the engine's tokenizer, without special tokens."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as session:
-        body = {"model": model, "prompt": text, "add_special_tokens": False}
-        async with session.post(f"{base_url}/tokenize", json=body) as r:
-            if r.status != 200:
-                raise EngineError(f"the engine did not tokenize the probe's text: HTTP {r.status}: {(await r.text())[:200]}")
-            ids = (await r.json()).get("tokens") or []
+    body = {"model": model, "prompt": text, "add_special_tokens": False}
+    async with session.post(f"{base_url}/tokenize", json=body) as r:
+        if r.status != 200:
+            raise EngineError(f"the engine did not tokenize the probe's text: HTTP {r.status}: "
+                              f"{(await r.text())[:200]}")
+        ids = (await r.json()).get("tokens") or []
     if not ids:
         raise EngineError("the engine tokenized the probe's text to no tokens")
     return [int(i) for i in ids]
 
 
-async def _send(base_url: str, model: str, api_key: str | None, prompts: list[list[int]], timeout: float) -> None:
+async def _send(session: aiohttp.ClientSession, base_url: str, model: str, prompts: list[list[int]]) -> None:
     """``prompts`` at once to the completions API, one greedy token each."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as session:
 
-        async def one(ids: list[int]) -> None:
-            body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
-            async with session.post(f"{base_url}/v1/completions", json=body) as r:
-                if r.status != 200:
-                    raise EngineError(f"a step-cost probe request failed: HTTP {r.status}: {(await r.text())[:200]}")
-                await r.read()
+    async def one(ids: list[int]) -> None:
+        body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
+        async with session.post(f"{base_url}/v1/completions", json=body) as r:
+            if r.status != 200:
+                raise EngineError(f"a step-cost probe request failed: HTTP {r.status}: {(await r.text())[:200]}")
+            await r.read()
 
-        await asyncio.gather(*(one(ids) for ids in prompts))
+    await asyncio.gather(*(one(ids) for ids in prompts))
