@@ -39,7 +39,7 @@ CANDIDATES = ({"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_ma
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from spectune.config import EngineArgs, SpecConfig, WorkloadSpec
-    from spectune.predict._measured import effective_k
+    from spectune.predict import effective_k
     from spectune.provenance import hardware, versions
     from spectune.stepcost import probe_tokens
     from spectune.trial import measure
@@ -65,15 +65,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model": "tiny" if args.tiny else "SmolLM2-135M-Instruct", "dtype": engine.dtype or "bfloat16",
             "prompts": str(args.prompts), "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
             "concurrency": args.concurrency, "step_cost": base.step_cost.model_dump() if base.step_cost else None,
-            "engines": [_compare(base, m, base) for m in [base, *runs]],
+            "engines": [_compare(base, m) for m in [base, *runs]],
             "versions": versions().model_dump(), "hardware": hardware().model_dump()}
 
 
-def _compare(base: Any, m: Any, baseline: Any) -> dict[str, Any]:
+def _compare(base: Any, m: Any) -> dict[str, Any]:
     """One engine's implied step time against the curve's, and (a candidate) its throughput as
     predicted from the baseline with and without the curve."""
-    from spectune.predict import StepCurve, predict_candidates
-    from spectune.predict._measured import measured_profile
+    from spectune.predict import StepCurve, measured_profile, predict_candidates
 
     curve = StepCurve.of(base.step_cost, base.workload.concurrency)
     profile = measured_profile(m)
@@ -88,7 +87,7 @@ def _compare(base: Any, m: Any, baseline: Any) -> dict[str, Any]:
         at = curve.ms(in_flight * (1.0 + d))
         out.update(step_ms=round(implied, 3), curve_ms=round(at, 3), error=round(implied / at - 1.0, 4))
     if not m.spec.is_baseline:
-        for name, b in (("with_curve", baseline), ("prior", baseline.model_copy(update={"step_cost": None}))):
+        for name, b in (("with_curve", base), ("prior", base.model_copy(update={"step_cost": None}))):
             (p,) = predict_candidates([m.spec], b, [])
             v = p.output_throughput
             out[name] = {"value": round(v.value, 2), "low": round(v.low, 2), "high": round(v.high, 2),
